@@ -1,0 +1,159 @@
+/*
+ * flashattn — exact, IO-aware attention (FlashAttention family). C ABI.
+ *
+ * Tensors are [batch, seqlen, nheads, headdim] with the last dimension contiguous and any
+ * other strides (in elements). Every call validates its arguments; a failing call returns a
+ * status and flashattn_last_error() names the offending argument. Nothing here depends on a
+ * framework: kernels see only these POD structs.
+ *
+ * Semantics follow flash_attn 2.x:
+ *   S = softmax_scale * Q K^T, optionally S = softcap * tanh(S / softcap),
+ *   masked entries excluded, P = softmax(S) row-wise, O = P V,
+ *   LSE[b, h, i] = log(sum_j exp(S_ij)) over the unmasked keys of row i (natural log).
+ * Mask (bottom-right aligned, as flash_attn): query row i may see key j iff
+ *   j >= i + (seqlen_k - seqlen_q) - window_left   (when window_left  >= 0)
+ *   j <= i + (seqlen_k - seqlen_q) + window_right  (when window_right >= 0)
+ * causal = 1 is window_right = 0. A row that sees no key gets O = 0 and LSE = -inf, and
+ * contributes zero gradient.
+ * GQA/MQA: nheads_q must be a multiple of nheads_kv; query head h reads kv head
+ * h / (nheads_q / nheads_kv).
+ * Varlen: with cu_seqlens_q/cu_seqlens_k set, tensors have shape [1, total, nheads, headdim],
+ * sequence b occupies rows [cu_seqlens[b], cu_seqlens[b+1]), and LSE is [nheads_q, total_q].
+ * Otherwise LSE is [batch, nheads_q, seqlen_q]. LSE is always contiguous fp32.
+ */
+#ifndef FLASHATTN_FLASHATTN_H
+#define FLASHATTN_FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FLASHATTN_API __declspec(dllexport)
+#else
+#define FLASHATTN_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASHATTN_VERSION_MAJOR 0
+#define FLASHATTN_VERSION_MINOR 1
+#define FLASHATTN_VERSION_PATCH 0
+
+typedef enum flashattn_status {
+  FLASHATTN_SUCCESS = 0,
+  FLASHATTN_ERROR_INVALID_ARGUMENT = 1, /* a field is wrong; the message names it */
+  FLASHATTN_ERROR_NOT_SUPPORTED = 2,    /* valid, but no compiled path implements it */
+  FLASHATTN_ERROR_NO_DEVICE = 3,        /* no CUDA device, or none of the required arch */
+  FLASHATTN_ERROR_CUDA = 4,             /* a CUDA call or launch failed */
+  FLASHATTN_ERROR_WORKSPACE = 5,        /* workspace too small or allocation failed */
+  FLASHATTN_ERROR_INTERNAL = 6
+} flashattn_status;
+
+typedef enum flashattn_dtype {
+  FLASHATTN_DTYPE_FP16 = 1,
+  FLASHATTN_DTYPE_BF16 = 2,
+  FLASHATTN_DTYPE_FP32 = 3,     /* host paths only (reference, cpu) */
+  FLASHATTN_DTYPE_FP64 = 4,     /* host paths only; for gradient checks */
+  FLASHATTN_DTYPE_FP8_E4M3 = 5  /* reserved: returns FLASHATTN_ERROR_NOT_SUPPORTED */
+} flashattn_dtype;
+
+typedef enum flashattn_backend {
+  FLASHATTN_BACKEND_AUTO = 0,      /* host memory: cpu; device memory: fastest path for the GPU */
+  FLASHATTN_BACKEND_REFERENCE = 1, /* host, fp64 accumulation, O(N^2) memory: the oracle */
+  FLASHATTN_BACKEND_CPU = 2,       /* host, tiled online softmax, multi-threaded, O(N) memory */
+  FLASHATTN_BACKEND_SM80 = 3,      /* CUDA, mma.sync + cp.async, any GPU from sm80 on */
+  FLASHATTN_BACKEND_SM90 = 4       /* CUDA, Hopper TMA + WGMMA (sm90a) */
+} flashattn_backend;
+
+/* A view of a [batch, seqlen, nheads, headdim] tensor. stride[3] must be 1. */
+typedef struct flashattn_tensor {
+  void* data;
+  int64_t shape[4];
+  int64_t stride[4]; /* in elements */
+} flashattn_tensor;
+
+typedef struct flashattn_options {
+  float softmax_scale;   /* > 0 and finite; flashattn_default_options() leaves 0 = 1/sqrt(headdim) */
+  int32_t causal;        /* 0 or 1; bottom-right aligned */
+  int32_t window_left;   /* -1 = unbounded */
+  int32_t window_right;  /* -1 = unbounded; causal forces 0 */
+  float softcap;         /* 0 = off; > 0 applies softcap * tanh(S / softcap) */
+  float dropout_p;       /* reserved: must be 0 */
+  int32_t deterministic; /* backward: bitwise reproducible run to run */
+  flashattn_backend backend;
+  int32_t device;        /* -1: tensors in host memory; >= 0: CUDA device ordinal of the tensors */
+} flashattn_options;
+
+typedef struct flashattn_varlen {
+  const int32_t* cu_seqlens_q; /* [batch + 1], in the tensors' memory space; NULL = fixed length */
+  const int32_t* cu_seqlens_k; /* set both or neither */
+  int32_t batch;               /* number of sequences */
+  int32_t max_seqlen_q;        /* upper bound of the per-sequence lengths */
+  int32_t max_seqlen_k;
+} flashattn_varlen;
+
+typedef struct flashattn_fwd_params {
+  uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow */
+  flashattn_dtype dtype;
+  flashattn_tensor q, k, v; /* inputs */
+  flashattn_tensor out;     /* output, same shape as q */
+  float* lse;               /* output, may be NULL (inference) */
+  flashattn_options options;
+  flashattn_varlen varlen;
+} flashattn_fwd_params;
+
+typedef struct flashattn_bwd_params {
+  uint32_t struct_size; /* sizeof(flashattn_bwd_params) */
+  flashattn_dtype dtype;
+  flashattn_tensor q, k, v, out, dout; /* inputs (out from the forward) */
+  const float* lse;                    /* input, from the forward */
+  flashattn_tensor dq, dk, dv;         /* outputs */
+  flashattn_options options;
+  flashattn_varlen varlen;
+} flashattn_bwd_params;
+
+typedef struct flashattn_device_info {
+  int32_t device;
+  int32_t cc_major, cc_minor;
+  int32_t multiprocessors;
+  flashattn_backend fwd_backend; /* what AUTO picks for fp16/bf16 hdim 128 */
+  flashattn_backend bwd_backend;
+  char name[128];
+} flashattn_device_info;
+
+/* Defaults matching flash_attn_func: scale 1/sqrt(d), no mask, host tensors, backend AUTO. */
+FLASHATTN_API flashattn_options flashattn_default_options(void);
+FLASHATTN_API flashattn_fwd_params flashattn_fwd_params_init(void);
+FLASHATTN_API flashattn_bwd_params flashattn_bwd_params_init(void);
+
+/* Bytes of scratch a call needs; pass at least that to the call, or NULL to let it allocate. */
+FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_fwd_params* params,
+                                                            size_t* bytes);
+FLASHATTN_API flashattn_status flashattn_bwd_workspace_size(const flashattn_bwd_params* params,
+                                                            size_t* bytes);
+
+/* stream: a cudaStream_t (NULL = legacy default stream); ignored for host tensors.
+ * Device calls are asynchronous with respect to the host. */
+FLASHATTN_API flashattn_status flashattn_fwd(const flashattn_fwd_params* params, void* workspace,
+                                             size_t workspace_bytes, void* stream);
+FLASHATTN_API flashattn_status flashattn_bwd(const flashattn_bwd_params* params, void* workspace,
+                                             size_t workspace_bytes, void* stream);
+
+/* Thread-local message of the last failing call on this thread ("" after success). */
+FLASHATTN_API const char* flashattn_last_error(void);
+FLASHATTN_API const char* flashattn_status_string(flashattn_status status);
+FLASHATTN_API const char* flashattn_backend_name(flashattn_backend backend);
+
+FLASHATTN_API const char* flashattn_version(void); /* "MAJOR.MINOR.PATCH" */
+/* Which backends this build contains (bit 1 << backend). */
+FLASHATTN_API uint32_t flashattn_compiled_backends(void);
+/* Capability of CUDA device `device`; FLASHATTN_ERROR_NO_DEVICE without one. */
+FLASHATTN_API flashattn_status flashattn_device_capability(int32_t device,
+                                                           flashattn_device_info* info);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_FLASHATTN_H */

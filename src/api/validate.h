@@ -1,0 +1,26 @@
+// Validation of the C ABI structs and their normalization into FwdParams/BwdParams.
+// Every rejected call names the offending field in flashattn_last_error().
+#pragma once
+
+#include "common/params.h"
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+struct CallContext {
+  flashattn_backend backend;  // as requested (AUTO not yet resolved)
+  int device;                 // -1 host
+  bool nothing_to_do;         // every output is empty
+  bool no_keys;               // fixed-length seqlen_k == 0 (outputs are zeros / -inf)
+  bool no_queries;            // fixed-length seqlen_q == 0 (bwd: dk = dv = 0)
+};
+
+flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdParams* out,
+                               CallContext* ctx);
+flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdParams* out,
+                               CallContext* ctx);
+
+size_t dtype_size(flashattn_dtype dtype);
+const char* dtype_name(flashattn_dtype dtype);
+
+}  // namespace flashattn

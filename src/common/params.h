@@ -1,0 +1,113 @@
+// Normalized problem description shared by every path (reference, cpu, sm80, sm90).
+// Built once by src/api/ from the C ABI structs after validation, so kernels can trust it.
+// POD, passed to kernels by value.
+#pragma once
+
+#include <cstdint>
+
+#include "common/hd.h"
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+// Strides (elements) of a [batch, seqlen, nheads, headdim] tensor; headdim is contiguous.
+struct RowStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+struct Shape {
+  int batch = 0;      // number of sequences (varlen: number of cu_seqlens entries - 1)
+  int seqlen_q = 0;   // fixed length, or varlen max_seqlen_q
+  int seqlen_k = 0;
+  int nheads_q = 0;
+  int nheads_kv = 0;
+  int headdim = 0;
+  int total_q = 0;    // varlen: rows of the packed q tensor; fixed: batch * seqlen_q
+  int total_k = 0;
+
+  FA_HD int group_size() const { return nheads_q / nheads_kv; }
+  // GQA/MQA head mapping: query head -> the kv head it reads.
+  FA_HD int kv_head(int q_head) const { return q_head / group_size(); }
+};
+
+struct MaskOptions {
+  float softmax_scale = 1.f;
+  float softcap = 0.f;   // 0 = off
+  int window_left = -1;  // -1 = unbounded
+  int window_right = -1; // -1 = unbounded; causal already folded in as 0
+};
+
+struct FwdParams {
+  flashattn_dtype dtype;
+  Shape shape;
+  MaskOptions mask;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null
+  RowStrides q_stride, k_stride, v_stride, o_stride;
+  const int32_t* cu_seqlens_q;  // null = fixed length
+  const int32_t* cu_seqlens_k;
+};
+
+struct BwdParams {
+  flashattn_dtype dtype;
+  Shape shape;
+  MaskOptions mask;
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* dout;
+  const float* lse;
+  void* dq;
+  void* dk;
+  void* dv;
+  RowStrides q_stride, k_stride, v_stride, o_stride, dout_stride, dq_stride, dk_stride, dv_stride;
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  bool deterministic;
+};
+
+// Where sequence `b` lives: its row offset in the packed tensors and its lengths.
+// Fixed length: offset 0 with the batch stride doing the work; varlen: offset from cu_seqlens.
+struct SeqBounds {
+  int64_t q_offset;  // first row of the sequence in q/o (varlen), 0 otherwise
+  int64_t k_offset;
+  int seqlen_q;
+  int seqlen_k;
+  int64_t lse_offset;  // element offset of LSE[b, h=0, i=0]
+  int64_t lse_head_stride;
+};
+
+FA_HD SeqBounds seq_bounds(const Shape& s, const int32_t* cu_q, const int32_t* cu_k,
+                                  int b) {
+  SeqBounds r;
+  if (cu_q != nullptr) {
+    r.q_offset = cu_q[b];
+    r.k_offset = cu_k[b];
+    r.seqlen_q = cu_q[b + 1] - cu_q[b];
+    r.seqlen_k = cu_k[b + 1] - cu_k[b];
+    r.lse_offset = cu_q[b];
+    r.lse_head_stride = s.total_q;
+  } else {
+    r.q_offset = 0;
+    r.k_offset = 0;
+    r.seqlen_q = s.seqlen_q;
+    r.seqlen_k = s.seqlen_k;
+    r.lse_offset = int64_t(b) * s.nheads_q * s.seqlen_q;
+    r.lse_head_stride = s.seqlen_q;
+  }
+  return r;
+}
+
+// Element offset of row `row` (within sequence b), head h of a tensor.
+FA_HD int64_t row_offset(const RowStrides& st, int b, int64_t seq_row_offset, int64_t row,
+                                int h) {
+  return int64_t(b) * st.batch + (seq_row_offset + row) * st.row + int64_t(h) * st.head;
+}
+
+}  // namespace flashattn
