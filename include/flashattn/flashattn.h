@@ -87,7 +87,11 @@ typedef struct flashattn_options {
 } flashattn_options;
 
 typedef struct flashattn_varlen {
-  const int32_t* cu_seqlens_q; /* [batch + 1], in the tensors' memory space; NULL = fixed length */
+  /* [batch + 1], in the tensors' memory space; NULL = fixed length. Host arrays are checked
+   * (monotone, within the packed tensors, lengths <= max_seqlen). Device arrays are checked only
+   * with FLASHATTN_CHECK_CU_SEQLENS=1 (it costs a stream sync); unchecked, a bad entry is clamped
+   * to an empty or shorter sequence and never addresses memory outside the tensors. */
+  const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k; /* set both or neither */
   int32_t batch;               /* number of sequences */
   int32_t max_seqlen_q;        /* upper bound of the per-sequence lengths */

@@ -25,6 +25,18 @@ int device_count() {
 }
 
 bool device_props(int device, int* cc, int* sms, char* name, size_t name_len) {
+  if (sms == nullptr && (name == nullptr || name_len == 0)) {
+    // The per-call path (dispatch) needs only the compute capability: attribute queries are
+    // cheap, cudaGetDeviceProperties is not.
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    *cc = major * 10 + minor;
+    return true;
+  }
   cudaDeviceProp p;
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
     cudaGetLastError();

@@ -52,7 +52,7 @@ flashattn_status flashattn_fwd_workspace_size(const flashattn_fwd_params* params
   FwdParams p;
   CallContext ctx;
   const Backend* b = nullptr;
-  flashattn_status s = normalize_fwd(params, nullptr, &p, &ctx);
+  flashattn_status s = normalize_fwd(params, kSizeQuery, &p, &ctx);
   if (s == FLASHATTN_SUCCESS) s = select_fwd(p, ctx, &b);
   if (s == FLASHATTN_SUCCESS) *bytes = fwd_workspace(*b, p, ctx);
   return s;
@@ -65,7 +65,7 @@ flashattn_status flashattn_bwd_workspace_size(const flashattn_bwd_params* params
   BwdParams p;
   CallContext ctx;
   const Backend* b = nullptr;
-  flashattn_status s = normalize_bwd(params, nullptr, &p, &ctx);
+  flashattn_status s = normalize_bwd(params, kSizeQuery, &p, &ctx);
   if (s == FLASHATTN_SUCCESS) s = select_bwd(p, ctx, &b);
   if (s == FLASHATTN_SUCCESS) *bytes = bwd_workspace(*b, p, ctx);
   return s;

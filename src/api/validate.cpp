@@ -183,7 +183,6 @@ flashattn_status check_device(const CallContext& ctx) {
 // cu_seqlens: monotone, within the packed tensors, each length <= max_seqlen.
 flashattn_status check_varlen(const flashattn_varlen& vl, int64_t total_q, int64_t total_k, void* stream,
                               const CallContext& ctx) {
-  (void)stream;
   if (vl.batch < 1) return set_error(kInvalid, "varlen.batch: %d (must be >= 1 with cu_seqlens)", vl.batch);
   if (vl.max_seqlen_q < 0) return set_error(kInvalid, "varlen.max_seqlen_q: %d (must be >= 0)", vl.max_seqlen_q);
   if (vl.max_seqlen_k < 0) return set_error(kInvalid, "varlen.max_seqlen_k: %d (must be >= 0)", vl.max_seqlen_k);
@@ -201,17 +200,21 @@ flashattn_status check_varlen(const flashattn_varlen& vl, int64_t total_q, int64
       if (kind != 2 && kind != 3)
         return set_error(kInvalid, "varlen.cu_seqlens_%s: %p is not CUDA device memory", p == hq ? "q" : "k", p);
     }
-    // Reading device memory needs a sync; skipped while capturing a CUDA graph (kernels clamp
-    // lengths to max_seqlen and the packed tensors, so bad values can't write out of bounds)
-    // and when the caller opts out with FLASHATTN_TRUST_CU_SEQLENS=1.
-    const char* trust = std::getenv("FLASHATTN_TRUST_CU_SEQLENS");
-    if ((trust && trust[0] == '1') || cuda::stream_is_capturing(stream)) return FLASHATTN_SUCCESS;
+    // Reading device memory needs a stream sync, which would cost every varlen call its
+    // host/device overlap and break graph capture. So the contents are checked only on request
+    // (FLASHATTN_CHECK_CU_SEQLENS=1, never while capturing, never for size queries); the
+    // kernels clamp lengths to max_seqlen and the packed tensors, so bad values can't write out
+    // of bounds either way. Host cu_seqlens are always checked.
+    const char* check = std::getenv("FLASHATTN_CHECK_CU_SEQLENS");
+    if (stream == kSizeQuery || !(check && check[0] == '1') || cuda::stream_is_capturing(stream))
+      return FLASHATTN_SUCCESS;
     flashattn_status s = cuda::copy_to_host(cq.data(), hq, n * 4, stream);
     if (s == FLASHATTN_SUCCESS) s = cuda::copy_to_host(ck.data(), hk, n * 4, stream);
     if (s != FLASHATTN_SUCCESS) return s;
     hq = cq.data();
     hk = ck.data();
 #else
+    (void)stream;
     return set_error(FLASHATTN_ERROR_NO_DEVICE, "no CUDA support in this build");
 #endif
   } else {

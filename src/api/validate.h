@@ -2,6 +2,8 @@
 // Every rejected call names the offending field in flashattn_last_error().
 #pragma once
 
+#include <cstdint>
+
 #include "common/params.h"
 #include "flashattn/flashattn.h"
 
@@ -14,6 +16,9 @@ struct CallContext {
   bool no_keys;               // fixed-length seqlen_k == 0 (outputs are zeros / -inf)
   bool no_queries;            // fixed-length seqlen_q == 0 (bwd: dk = dv = 0)
 };
+
+// Passed as `stream` by the workspace-size queries: validate without touching device memory.
+inline void* const kSizeQuery = reinterpret_cast<void*>(~uintptr_t(0));
 
 flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdParams* out,
                                CallContext* ctx);

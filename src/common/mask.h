@@ -16,11 +16,15 @@ struct Mask {
   int window_left = -1;   // -1 = unbounded
   int window_right = -1;  // -1 = unbounded
 
-  FA_HD Mask() = default;
+  Mask() = default;
+  // A window at least as wide as the sequence is unbounded; normalizing it here keeps the
+  // int arithmetic below from overflowing for huge windows (e.g. INT_MAX).
   FA_HD Mask(int sq, int sk, int left, int right)
-      : seqlen_q(sq), seqlen_k(sk), window_left(left), window_right(right) {}
-  FA_HD Mask(const MaskOptions& o, int sq, int sk)
-      : seqlen_q(sq), seqlen_k(sk), window_left(o.window_left), window_right(o.window_right) {}
+      : seqlen_q(sq),
+        seqlen_k(sk),
+        window_left(left >= sk ? -1 : left),
+        window_right(right >= sq ? -1 : right) {}
+  FA_HD Mask(const MaskOptions& o, int sq, int sk) : Mask(sq, sk, o.window_left, o.window_right) {}
 
   // Bottom-right alignment: the last query row lines up with the last key.
   FA_HD int diagonal_offset() const { return seqlen_k - seqlen_q; }

@@ -83,15 +83,23 @@ struct SeqBounds {
   int64_t lse_head_stride;
 };
 
+FA_HD int clamp_index(int v, int hi) { return v < 0 ? 0 : (v > hi ? hi : v); }
+FA_HD int clamp_length(int len, int max_len, int room) {
+  int m = max_len < room ? max_len : room;
+  return len < 0 ? 0 : (len > m ? m : len);
+}
+
 FA_HD SeqBounds seq_bounds(const Shape& s, const int32_t* cu_q, const int32_t* cu_k,
                                   int b) {
   SeqBounds r;
   if (cu_q != nullptr) {
-    r.q_offset = cu_q[b];
-    r.k_offset = cu_k[b];
-    r.seqlen_q = cu_q[b + 1] - cu_q[b];
-    r.seqlen_k = cu_k[b + 1] - cu_k[b];
-    r.lse_offset = cu_q[b];
+    // Clamped so that unchecked device cu_seqlens (see check_varlen) can never address rows
+    // outside the packed tensors: a bad entry yields a shorter or empty sequence instead.
+    r.q_offset = clamp_index(cu_q[b], s.total_q);
+    r.k_offset = clamp_index(cu_k[b], s.total_k);
+    r.seqlen_q = clamp_length(cu_q[b + 1] - cu_q[b], s.seqlen_q, s.total_q - int(r.q_offset));
+    r.seqlen_k = clamp_length(cu_k[b + 1] - cu_k[b], s.seqlen_k, s.total_k - int(r.k_offset));
+    r.lse_offset = r.q_offset;
     r.lse_head_stride = s.total_q;
   } else {
     r.q_offset = 0;
