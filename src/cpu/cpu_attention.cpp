@@ -1,0 +1,587 @@
+#include "cpu/cpu_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/error.h"
+#include "common/half_convert.h"
+#include "common/mask.h"
+#include "common/softmax.h"
+#include "cpu/parallel.h"
+
+// The hot functions are compiled for AVX-512 and AVX2+FMA as well as baseline x86-64, picked
+// at load time (GCC ifunc), so a generic build still runs at full width on the host CPU.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define FA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FA_CPU_CLONES
+#endif
+#if defined(__GNUC__)
+#define FA_INLINE inline __attribute__((always_inline))
+#else
+#define FA_INLINE inline
+#endif
+
+namespace flashattn::cpu {
+namespace {
+
+constexpr int kMR = 4;   // micro-kernel rows
+constexpr int kNR = 16;  // micro-kernel columns (one zmm / two ymm)
+
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// C[m x n] (+)= A[m x k] * B[k x n], row-major with leading dimensions; m % kMR == 0 and
+// n % kNR == 0 (tiles are padded). The kMR x kNR accumulator block stays in registers: one
+// 16-float vector per row (a zmm, two ymm or four xmm, whatever the clone's target has).
+#if defined(__GNUC__)
+typedef float VecN __attribute__((vector_size(kNR * sizeof(float))));
+typedef float VecNu __attribute__((vector_size(kNR * sizeof(float)), aligned(4), may_alias));
+FA_INLINE void gemm(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                    bool accumulate) {
+  for (int i = 0; i < m; i += kMR) {
+    for (int j = 0; j < n; j += kNR) {
+      VecN acc[kMR];
+      for (int r = 0; r < kMR; ++r)
+        acc[r] = accumulate ? *reinterpret_cast<const VecNu*>(C + (i + r) * ldc + j) : VecN{};
+      const float* a = A + i * lda;
+      for (int p = 0; p < k; ++p) {
+        const VecN b = *reinterpret_cast<const VecNu*>(B + p * ldb + j);
+        for (int r = 0; r < kMR; ++r) acc[r] += a[r * lda + p] * b;
+      }
+      for (int r = 0; r < kMR; ++r) *reinterpret_cast<VecNu*>(C + (i + r) * ldc + j) = acc[r];
+    }
+  }
+}
+#else
+FA_INLINE void gemm(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                    bool accumulate) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      float acc = accumulate ? C[i * ldc + j] : 0.f;
+      for (int p = 0; p < k; ++p) acc += A[i * lda + p] * B[p * ldb + j];
+      C[i * ldc + j] = acc;
+    }
+}
+#endif
+
+// 2^x to ~1 ulp, branch-free so the loops around it vectorize (libm's exp2f does not).
+// 2^x = 2^n * 2^f with n = round(x), |f| <= 1/2, 2^f by its degree-7 Taylor polynomial
+// (truncation < 1e-8 relative). Underflows to 0 below 2^-126, so exp2(-inf) = 0; NaN stays NaN.
+FA_INLINE float fast_exp2(float x) {
+  float xc = x > -127.f ? x : -127.f;
+  xc = xc < 127.f ? xc : 127.f;
+  const float n = (xc + 12582912.f) - 12582912.f;  // round to nearest (1.5 * 2^23 trick)
+  const float f = xc - n;
+  float p = 1.525273380405984e-05f;
+  p = p * f + 1.5403530393381608e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.618129107628477e-03f;
+  p = p * f + 5.550410866482158e-02f;
+  p = p * f + 2.402265069591007e-01f;
+  p = p * f + 6.931471805599453e-01f;
+  p = p * f + 1.f;
+  const float r = p * bits_float(uint32_t(int32_t(n) + 127) << 23);
+  return x < -126.f ? 0.f : (x == x ? r : x);
+}
+
+// Loads `rows` rows of `d` elements (row r at base + off(r)) as fp32 into dst[r * ld + c].
+template <typename Off>
+FA_INLINE void load_rows(const void* base, flashattn_dtype dtype, int rows, int d, Off off, float* dst, int ld) {
+  for (int r = 0; r < rows; ++r) {
+    const int64_t o = off(r);
+    float* out = dst + size_t(r) * ld;
+    switch (dtype) {
+      case FLASHATTN_DTYPE_FP16: {
+        const uint16_t* s = static_cast<const uint16_t*>(base) + o;
+        for (int c = 0; c < d; ++c) out[c] = half_to_float(s[c]);
+        break;
+      }
+      case FLASHATTN_DTYPE_BF16: {
+        const uint16_t* s = static_cast<const uint16_t*>(base) + o;
+        for (int c = 0; c < d; ++c) out[c] = bf16_to_float(s[c]);
+        break;
+      }
+      case FLASHATTN_DTYPE_FP32: std::memcpy(out, static_cast<const float*>(base) + o, sizeof(float) * d); break;
+      default: {
+        const double* s = static_cast<const double*>(base) + o;
+        for (int c = 0; c < d; ++c) out[c] = float(s[c]);
+      }
+    }
+  }
+}
+
+// Same, transposed: dst[c * ld + r] (rows <= kBlockN). Converts a row at a time into `tmp`
+// (at least d floats) so the conversion vectorizes, then scatters it.
+template <typename Off>
+FA_INLINE void load_rows_t(const void* base, flashattn_dtype dtype, int rows, int d, Off off, float* dst, int ld,
+                           float* tmp) {
+  for (int r = 0; r < rows; ++r) {
+    load_rows(base, dtype, 1, d, [&](int) { return off(r); }, tmp, d);
+    for (int c = 0; c < d; ++c) dst[size_t(c) * ld + r] = tmp[c];
+  }
+}
+
+// Stores src[r * ld + c] * row_scale[r] for r < rows, c < d.
+template <typename Off>
+FA_INLINE void store_rows(void* base, flashattn_dtype dtype, int rows, int d, Off off, const float* src, int ld,
+                          const float* row_scale, float scale) {
+  for (int r = 0; r < rows; ++r) {
+    const int64_t o = off(r);
+    const float* in = src + size_t(r) * ld;
+    const float sc = (row_scale ? row_scale[r] : 1.f) * scale;
+    switch (dtype) {
+      case FLASHATTN_DTYPE_FP16: {
+        uint16_t* dst = static_cast<uint16_t*>(base) + o;
+        for (int c = 0; c < d; ++c) dst[c] = float_to_half(in[c] * sc);
+        break;
+      }
+      case FLASHATTN_DTYPE_BF16: {
+        uint16_t* dst = static_cast<uint16_t*>(base) + o;
+        for (int c = 0; c < d; ++c) dst[c] = float_to_bf16(in[c] * sc);
+        break;
+      }
+      case FLASHATTN_DTYPE_FP32: {
+        float* dst = static_cast<float*>(base) + o;
+        for (int c = 0; c < d; ++c) dst[c] = in[c] * sc;
+        break;
+      }
+      default: {
+        double* dst = static_cast<double*>(base) + o;
+        for (int c = 0; c < d; ++c) dst[c] = double(in[c] * sc);
+      }
+    }
+  }
+}
+
+// Zero-filled fp32 tile buffer.
+std::vector<float> tile(int rows, int cols) { return std::vector<float>(size_t(rows) * cols, 0.f); }
+
+// Work items: (sequence, block) pairs in reverse block order, so the long rows of a causal
+// mask start first and the short ones fill the gaps.
+std::vector<std::pair<int, int>> blocks(const Shape& sh, const int32_t* cu_q, const int32_t* cu_k, bool by_keys,
+                                        int block) {
+  std::vector<std::pair<int, int>> out;
+  for (int b = 0; b < sh.batch; ++b) {
+    const SeqBounds sb = seq_bounds(sh, cu_q, cu_k, b);
+    const int len = by_keys ? sb.seqlen_k : sb.seqlen_q;
+    for (int x = (len + block - 1) / block - 1; x >= 0; --x) out.emplace_back(b, x);
+  }
+  return out;
+}
+
+// ---- forward -------------------------------------------------------------------------------
+
+struct FwdScratch {
+  int dp;  // headdim padded to kNR
+  std::vector<float> q, kt, v, s, acc, inv, row;
+  std::vector<OnlineSoftmaxRow> rows;
+  explicit FwdScratch(int d)
+      : dp(round_up(d, kNR)),
+        q(tile(kBlockM, dp)),
+        kt(tile(dp, kBlockN)),
+        v(tile(kBlockN, dp)),
+        s(tile(kBlockM, kBlockN)),
+        acc(tile(kBlockM, dp)),
+        inv(size_t(kBlockM)),
+        row(size_t(dp)),
+        rows(size_t(kBlockM)) {}
+};
+
+FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratch& w) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const Mask mask = make_mask(p.mask, sb);
+  const ScoreTransform tr = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+  const int row0 = mb * kBlockM;
+  const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
+  const int bm4 = round_up(bm, kMR);
+
+  load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
+            w.q.data(), dp);
+  std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
+  std::fill(w.acc.begin(), w.acc.begin() + size_t(bm4) * dp, 0.f);
+  for (int r = 0; r < bm; ++r) w.rows[r].init();
+
+  int n_begin, n_end;
+  mask.key_block_range(row0, bm, kBlockN, &n_begin, &n_end);
+  for (int nb = n_begin; nb < n_end; ++nb) {
+    const int col0 = nb * kBlockN;
+    const int bn = sb.seqlen_k - col0 < kBlockN ? sb.seqlen_k - col0 : kBlockN;
+    const int bn16 = round_up(bn, kNR);
+    auto k_off = [&](int r) { return row_offset(p.k_stride, b, sb.k_offset, col0 + r, kvh); };
+    auto v_off = [&](int r) { return row_offset(p.v_stride, b, sb.k_offset, col0 + r, kvh); };
+    load_rows_t(p.k, p.dtype, bn, d, k_off, w.kt.data(), kBlockN, w.row.data());
+    for (int c = 0; c < d; ++c)
+      for (int j = bn; j < bn16; ++j) w.kt[size_t(c) * kBlockN + j] = 0.f;
+    load_rows(p.v, p.dtype, bn, d, v_off, w.v.data(), dp);
+
+    // S = Q K^T.
+    gemm(bm4, bn16, d, w.q.data(), dp, w.kt.data(), kBlockN, w.s.data(), kBlockN, false);
+
+    // Online softmax, row by row. Interior tiles skip the per-element mask.
+    const bool need_mask = mask.tile_needs_mask(row0, bm, col0, bn);
+    for (int r = 0; r < bm; ++r) {
+      float* s = w.s.data() + size_t(r) * kBlockN;
+      if (tr.softcap > 0.f)
+        for (int j = 0; j < bn; ++j) s[j] = tr.apply(s[j]);
+      int jb = 0, je = bn;
+      if (need_mask) {
+        jb = mask.key_begin(row0 + r) - col0;
+        je = mask.key_end(row0 + r) - col0;
+        jb = jb < 0 ? 0 : (jb > bn ? bn : jb);
+        je = je < jb ? jb : (je > bn ? bn : je);
+      }
+      float mx[kNR];
+      for (int c = 0; c < kNR; ++c) mx[c] = -INFINITY;
+      for (int j = 0; j < bn16; j += kNR)
+        for (int c = 0; c < kNR; ++c) {
+          const int jj = j + c;
+          const float t = (jj >= jb && jj < je) ? s[jj] * tr.exp2_scale : -INFINITY;
+          s[jj] = t;
+          mx[c] = t > mx[c] ? t : mx[c];
+        }
+      float tile_max = -INFINITY;
+      for (int c = 0; c < kNR; ++c) tile_max = mx[c] > tile_max ? mx[c] : tile_max;
+      OnlineSoftmaxRow& st = w.rows[r];
+      const float factor = st.update_max(tile_max);
+      const float off = st.exp_offset();
+      float sum[kNR] = {};
+      for (int j = 0; j < bn16; j += kNR)
+        for (int c = 0; c < kNR; ++c) {
+          const float e = fast_exp2(s[j + c] - off);
+          s[j + c] = e;
+          sum[c] += e;
+        }
+      float tile_sum = 0.f;
+      for (int c = 0; c < kNR; ++c) tile_sum += sum[c];
+      st.l += tile_sum;
+      if (factor != 1.f) {
+        float* a = w.acc.data() + size_t(r) * dp;
+        for (int c = 0; c < dp; ++c) a[c] *= factor;
+      }
+    }
+    for (int r = bm; r < bm4; ++r)
+      for (int j = 0; j < bn16; ++j) w.s[size_t(r) * kBlockN + j] = 0.f;
+
+    // O += P V.
+    gemm(bm4, dp, bn, w.s.data(), kBlockN, w.v.data(), dp, w.acc.data(), dp, true);
+  }
+
+  for (int r = 0; r < bm; ++r) w.inv[r] = w.rows[r].inv_sum();
+  store_rows(p.o, p.dtype, bm, d, [&](int r) { return row_offset(p.o_stride, b, sb.q_offset, row0 + r, h); },
+             w.acc.data(), dp, w.inv.data(), 1.f);
+  if (p.lse) {
+    float* lse = p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + row0;
+    for (int r = 0; r < bm; ++r) lse[r] = w.rows[r].lse();
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------
+
+struct BwdScratch {
+  int dp;
+  std::vector<float> q, dout, k, kt, vt, s, pr, dpr, t, acc_a, acc_b, lse2, D, row;
+  explicit BwdScratch(int d)
+      : dp(round_up(d, kNR)),
+        q(tile(kBlockM, dp)),
+        dout(tile(kBlockM, dp)),
+        k(tile(kBlockN, dp)),
+        kt(tile(dp, kBlockN)),
+        vt(tile(dp, kBlockN)),
+        s(tile(kBlockM, kBlockN)),
+        pr(tile(kBlockM, kBlockN)),
+        dpr(tile(kBlockM, kBlockN)),
+        t(tile(kBlockN, kBlockM)),
+        acc_a(tile(std::max(kBlockM, kBlockN), dp)),
+        acc_b(tile(kBlockN, dp)),
+        lse2(size_t(kBlockM)),
+        D(size_t(kBlockM)),
+        row(size_t(dp)) {}
+};
+
+// Row index of (sequence b, row i) in the D buffer's per-head plane.
+FA_INLINE int64_t q_row(const Shape& sh, const SeqBounds& sb, int b, int i, bool varlen) {
+  return (varlen ? sb.q_offset : int64_t(b) * sh.seqlen_q) + i;
+}
+
+// Loads the query-side tile of (b, h, rows [row0, row0 + bm)): q, dout, lse (log2 domain), D.
+FA_INLINE void load_query_side(const BwdParams& p, const float* Dbuf, int b, int h, const SeqBounds& sb, int row0,
+                               int bm, BwdScratch& w) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim, dp = w.dp, bm4 = round_up(bm, kMR);
+  load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
+            w.q.data(), dp);
+  load_rows(p.dout, p.dtype, bm, d,
+            [&](int r) { return row_offset(p.dout_stride, b, sb.q_offset, row0 + r, h); }, w.dout.data(), dp);
+  std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
+  std::fill(w.dout.begin() + size_t(bm) * dp, w.dout.begin() + size_t(bm4) * dp, 0.f);
+  const float* lse = p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + row0;
+  const float* D = Dbuf + int64_t(h) * sh.total_q + q_row(sh, sb, b, row0, p.cu_seqlens_q != nullptr);
+  for (int r = 0; r < bm; ++r) {
+    w.lse2[r] = lse[r] * kLog2e;
+    w.D[r] = D[r];
+  }
+}
+
+// Loads the key-side tile of (b, kvh, keys [col0, col0 + bn)): K^T and V^T (zero-padded
+// columns up to bn16) and, when `k_rows`, K row-major.
+FA_INLINE void load_key_side(const BwdParams& p, int b, int kvh, const SeqBounds& sb, int col0, int bn, bool k_rows,
+                             BwdScratch& w) {
+  const int d = p.shape.headdim, bn16 = round_up(bn, kNR);
+  auto k_off = [&](int r) { return row_offset(p.k_stride, b, sb.k_offset, col0 + r, kvh); };
+  auto v_off = [&](int r) { return row_offset(p.v_stride, b, sb.k_offset, col0 + r, kvh); };
+  load_rows_t(p.k, p.dtype, bn, d, k_off, w.kt.data(), kBlockN, w.row.data());
+  load_rows_t(p.v, p.dtype, bn, d, v_off, w.vt.data(), kBlockN, w.row.data());
+  for (int c = 0; c < d; ++c)
+    for (int j = bn; j < bn16; ++j) w.kt[size_t(c) * kBlockN + j] = w.vt[size_t(c) * kBlockN + j] = 0.f;
+  if (k_rows) load_rows(p.k, p.dtype, bn, d, k_off, w.k.data(), w.dp);
+}
+
+// The shared middle of both backward passes for one (query tile, key tile): S = Q K^T,
+// P = exp2(S * exp2_scale - LSE) (masked entries and padding 0), dP = dO V^T, and
+// dS = P * (dP - D) * dtanh, left in w.dpr. P is left in w.pr.
+FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int row0, int bm, int col0, int bn,
+                                 int d, BwdScratch& w) {
+  const int bm4 = round_up(bm, kMR), bn16 = round_up(bn, kNR);
+  gemm(bm4, bn16, d, w.q.data(), w.dp, w.kt.data(), kBlockN, w.s.data(), kBlockN, false);
+  gemm(bm4, bn16, d, w.dout.data(), w.dp, w.vt.data(), kBlockN, w.dpr.data(), kBlockN, false);
+  const bool need_mask = mask.tile_needs_mask(row0, bm, col0, bn);
+  for (int r = 0; r < bm; ++r) {
+    float* s = w.s.data() + size_t(r) * kBlockN;
+    float* pr = w.pr.data() + size_t(r) * kBlockN;
+    float* ds = w.dpr.data() + size_t(r) * kBlockN;
+    int jb = 0, je = bn;
+    if (need_mask) {
+      jb = mask.key_begin(row0 + r) - col0;
+      je = mask.key_end(row0 + r) - col0;
+      jb = jb < 0 ? 0 : (jb > bn ? bn : jb);
+      je = je < jb ? jb : (je > bn ? bn : je);
+    }
+    const float lse2 = w.lse2[r], Dr = w.D[r];
+    if (lse2 == -INFINITY) jb = je = 0;  // the row sees no key: P = 0 (prob_from_lse's guard)
+    if (tr.softcap > 0.f) {
+      for (int j = 0; j < bn; ++j) {
+        const float c = tr.apply(s[j]);
+        s[j] = c;
+      }
+    }
+    for (int j = 0; j < bn16; ++j) {
+      const float pv = (j >= jb && j < je) ? fast_exp2(s[j] * tr.exp2_scale - lse2) : 0.f;
+      pr[j] = pv;
+      ds[j] = pv * (ds[j] - Dr);
+    }
+    if (tr.softcap > 0.f)
+      for (int j = 0; j < bn; ++j) ds[j] *= tr.dtanh_factor(s[j]);
+  }
+  for (int r = bm; r < bm4; ++r)
+    for (int j = 0; j < bn16; ++j) w.pr[size_t(r) * kBlockN + j] = w.dpr[size_t(r) * kBlockN + j] = 0.f;
+}
+
+// Pass 2: dK, dV of key block nb of (b, kvh), summed over the kv head's query-head group.
+FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, int kvh, int nb, BwdScratch& w) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim, dp = w.dp, group = sh.group_size();
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const Mask mask = make_mask(p.mask, sb);
+  const ScoreTransform tr = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+  const int col0 = nb * kBlockN;
+  const int bn = sb.seqlen_k - col0 < kBlockN ? sb.seqlen_k - col0 : kBlockN;
+  const int bn4 = round_up(bn, kMR);
+  float* dk = w.acc_a.data();
+  float* dv = w.acc_b.data();
+  std::fill(dk, dk + size_t(bn4) * dp, 0.f);
+  std::fill(dv, dv + size_t(bn4) * dp, 0.f);
+  load_key_side(p, b, kvh, sb, col0, bn, false, w);
+
+  int m_begin, m_end;
+  mask.query_block_range(col0, bn, kBlockM, &m_begin, &m_end);
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int mb = m_begin; mb < m_end; ++mb) {
+      const int row0 = mb * kBlockM;
+      const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
+      load_query_side(p, Dbuf, b, h, sb, row0, bm, w);
+      tile_probs_and_ds(mask, tr, row0, bm, col0, bn, d, w);
+      // dV += P^T dO, dK += dS^T Q (transposes into w.t, rows >= bn zero).
+      float* t = w.t.data();
+      for (int j = 0; j < bn4; ++j)
+        for (int r = 0; r < bm; ++r) t[size_t(j) * kBlockM + r] = j < bn ? w.pr[size_t(r) * kBlockN + j] : 0.f;
+      gemm(bn4, dp, bm, t, kBlockM, w.dout.data(), dp, dv, dp, true);
+      for (int j = 0; j < bn4; ++j)
+        for (int r = 0; r < bm; ++r) t[size_t(j) * kBlockM + r] = j < bn ? w.dpr[size_t(r) * kBlockN + j] : 0.f;
+      gemm(bn4, dp, bm, t, kBlockM, w.q.data(), dp, dk, dp, true);
+    }
+  }
+  // dS was taken w.r.t. the natural-log score; d score / d qk = softmax_scale (dtanh applied).
+  store_rows(p.dk, p.dtype, bn, d, [&](int r) { return row_offset(p.dk_stride, b, sb.k_offset, col0 + r, kvh); },
+             dk, dp, nullptr, p.mask.softmax_scale);
+  store_rows(p.dv, p.dtype, bn, d, [&](int r) { return row_offset(p.dv_stride, b, sb.k_offset, col0 + r, kvh); },
+             dv, dp, nullptr, 1.f);
+}
+
+// Pass 3: dQ of query block mb of (b, h), by recomputation over its key blocks.
+FA_CPU_CLONES void bwd_dq_block(const BwdParams& p, const float* Dbuf, int b, int h, int mb, BwdScratch& w) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const Mask mask = make_mask(p.mask, sb);
+  const ScoreTransform tr = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+  const int row0 = mb * kBlockM;
+  const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
+  const int bm4 = round_up(bm, kMR);
+  float* dq = w.acc_a.data();
+  std::fill(dq, dq + size_t(bm4) * dp, 0.f);
+  load_query_side(p, Dbuf, b, h, sb, row0, bm, w);
+
+  int n_begin, n_end;
+  mask.key_block_range(row0, bm, kBlockN, &n_begin, &n_end);
+  for (int nb = n_begin; nb < n_end; ++nb) {
+    const int col0 = nb * kBlockN;
+    const int bn = sb.seqlen_k - col0 < kBlockN ? sb.seqlen_k - col0 : kBlockN;
+    load_key_side(p, b, kvh, sb, col0, bn, true, w);
+    tile_probs_and_ds(mask, tr, row0, bm, col0, bn, d, w);
+    // dQ += dS K.
+    gemm(bm4, dp, bn, w.dpr.data(), kBlockN, w.k.data(), dp, dq, dp, true);
+  }
+  store_rows(p.dq, p.dtype, bm, d, [&](int r) { return row_offset(p.dq_stride, b, sb.q_offset, row0 + r, h); }, dq,
+             dp, nullptr, p.mask.softmax_scale);
+}
+
+// Pass 1: D = rowsum(dO * O) for the rows of query block mb of (b, h). Computed by the same
+// gemm as dP (kMR rows at a time against their own O rows as columns; D is the diagonal), so
+// D and dP round identically: a row with a single visible key (O = V) gets dP - D = 0 exactly,
+// as its exact gradient is.
+struct DScratch {
+  int dp;
+  std::vector<float> a, ot, c, row;
+  explicit DScratch(int d)
+      : dp(round_up(d, kNR)), a(tile(kMR, dp)), ot(tile(dp, kNR)), c(tile(kMR, kNR)), row(size_t(dp)) {}
+};
+
+FA_CPU_CLONES void bwd_d_block(const BwdParams& p, float* Dbuf, int b, int h, int mb, DScratch& w) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const int row0 = mb * kBlockM;
+  const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
+  float* D = Dbuf + int64_t(h) * sh.total_q + q_row(sh, sb, b, row0, p.cu_seqlens_q != nullptr);
+  for (int r0 = 0; r0 < bm; r0 += kMR) {
+    const int n = bm - r0 < kMR ? bm - r0 : kMR;
+    load_rows(p.dout, p.dtype, n, d,
+              [&](int r) { return row_offset(p.dout_stride, b, sb.q_offset, row0 + r0 + r, h); }, w.a.data(), w.dp);
+    std::fill(w.a.begin() + size_t(n) * w.dp, w.a.end(), 0.f);
+    load_rows_t(p.o, p.dtype, n, d, [&](int r) { return row_offset(p.o_stride, b, sb.q_offset, row0 + r0 + r, h); },
+                w.ot.data(), kNR, w.row.data());
+    for (int c = 0; c < d; ++c)
+      for (int r = n; r < kMR; ++r) w.ot[size_t(c) * kNR + r] = 0.f;
+    gemm(kMR, kNR, d, w.a.data(), w.dp, w.ot.data(), kNR, w.c.data(), kNR, false);
+    for (int r = 0; r < n; ++r) D[r0 + r] = w.c[size_t(r) * kNR + r];
+  }
+}
+
+const char* unsupported_dtype(flashattn_dtype dtype) {
+  switch (dtype) {
+    case FLASHATTN_DTYPE_FP16:
+    case FLASHATTN_DTYPE_BF16:
+    case FLASHATTN_DTYPE_FP32:
+    case FLASHATTN_DTYPE_FP64: return nullptr;
+    case FLASHATTN_DTYPE_FP8_E4M3: return "dtype: fp8_e4m3 is not supported by the cpu backend";
+  }
+  return "dtype: unknown value for the cpu backend";
+}
+
+flashattn_status fail(const char* what, const std::string& err) {
+  return set_error(err.find("allocation") != std::string::npos ? FLASHATTN_ERROR_WORKSPACE : FLASHATTN_ERROR_INTERNAL,
+                   "cpu %s: %s", what, err.c_str());
+}
+
+const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
+size_t fwd_ws(const FwdParams&) { return 0; }
+flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p); }
+flashattn_status bwd_entry(const BwdParams& p, void* ws, void*) { return bwd(p, ws); }
+
+}  // namespace
+
+size_t bwd_workspace_bytes(const BwdParams& p) {
+  return size_t(p.shape.nheads_q) * size_t(p.shape.total_q) * sizeof(float);
+}
+
+flashattn_status fwd(const FwdParams& p) {
+  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  const auto items = blocks(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
+  const int64_t n = int64_t(items.size());
+  // Heads outermost: neighbouring items share K/V in cache.
+  std::string err = parallel_for(
+      n * p.shape.nheads_q, [&] { return FwdScratch(p.shape.headdim); },
+      [&](int64_t item, FwdScratch& w) {
+        const auto& bx = items[size_t(item % n)];
+        fwd_block(p, bx.first, int(item / n), bx.second, w);
+      });
+  return err.empty() ? FLASHATTN_SUCCESS : fail("forward", err);
+}
+
+flashattn_status bwd(const BwdParams& p, void* workspace) {
+  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  const Shape& sh = p.shape;
+  std::vector<float> own;
+  float* Dbuf = static_cast<float*>(workspace);
+  try {
+    if (Dbuf == nullptr) {
+      own.resize(bwd_workspace_bytes(p) / sizeof(float));
+      Dbuf = own.data();
+    }
+  } catch (const std::bad_alloc&) {
+    return set_error(FLASHATTN_ERROR_WORKSPACE, "cpu backward: allocating %zu bytes failed", bwd_workspace_bytes(p));
+  }
+  const auto qblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
+  const auto kblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, true, kBlockN);
+  const int64_t nq = int64_t(qblocks.size()), nk = int64_t(kblocks.size());
+
+  std::string err = parallel_for(
+      nq * sh.nheads_q, [&] { return DScratch(sh.headdim); },
+      [&](int64_t item, DScratch& w) {
+        const auto& bx = qblocks[size_t(item % nq)];
+        bwd_d_block(p, Dbuf, bx.first, int(item / nq), bx.second, w);
+      });
+  if (!err.empty()) return fail("backward", err);
+  err = parallel_for(
+      nk * sh.nheads_kv, [&] { return BwdScratch(sh.headdim); },
+      [&](int64_t item, BwdScratch& w) {
+        const auto& bx = kblocks[size_t(item % nk)];
+        bwd_dkdv_block(p, Dbuf, bx.first, int(item / nk), bx.second, w);
+      });
+  if (!err.empty()) return fail("backward", err);
+  err = parallel_for(
+      nq * sh.nheads_q, [&] { return BwdScratch(sh.headdim); },
+      [&](int64_t item, BwdScratch& w) {
+        const auto& bx = qblocks[size_t(item % nq)];
+        bwd_dq_block(p, Dbuf, bx.first, int(item / nq), bx.second, w);
+      });
+  if (!err.empty()) return fail("backward", err);
+  return FLASHATTN_SUCCESS;
+}
+
+}  // namespace flashattn::cpu
+
+namespace flashattn {
+
+const Backend kCpuBackend = {
+    FLASHATTN_BACKEND_CPU,
+    /*on_device=*/false,
+    /*min_cc=*/0,
+    /*max_cc=*/0,
+    cpu::fwd_unsupported,
+    cpu::fwd_ws,
+    cpu::fwd_entry,
+    cpu::bwd_unsupported,
+    [](const BwdParams& p) { return cpu::bwd_workspace_bytes(p); },
+    cpu::bwd_entry,
+};
+
+}  // namespace flashattn

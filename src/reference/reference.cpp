@@ -1,0 +1,340 @@
+#include "reference/reference.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "api/error.h"
+#include "common/half_convert.h"
+#include "common/mask.h"
+#include "cpu/parallel.h"
+
+namespace flashattn::reference {
+namespace {
+
+// How intermediates are rounded: not at all (kExact), or to `prec` after every step.
+struct Mode {
+  bool exact;
+  bool given_output;  // exact, but the backward's D from the caller's O
+  flashattn_dtype prec;
+  template <typename T>
+  T r(T x) const {
+    return exact ? x : T(round_to_dtype(prec, double(x)));
+  }
+};
+
+// The score of one (query, key) pair in natural-log units, and tanh's output under softcap
+// (needed by the backward: d tanh = 1 - t^2).
+template <typename Acc>
+struct Score {
+  Acc s;
+  Acc t;
+};
+
+template <typename Acc>
+Score<Acc> score(const Mode& md, const MaskOptions& mo, const double* q, const double* k, int d) {
+  Acc dot = 0;
+  for (int c = 0; c < d; ++c) dot += Acc(q[c]) * Acc(k[c]);
+  const Acc scale = Acc(mo.softmax_scale);
+  const Acc cap = Acc(mo.softcap);
+  if (md.exact) {
+    Acc x = dot * scale;
+    if (mo.softcap > 0.f) {
+      Acc t = std::tanh(x / cap);
+      return {cap * t, t};
+    }
+    return {x, Acc(0)};
+  }
+  // Unfused: (q @ k^T) -> * scale -> [/ cap -> tanh -> * cap], each result rounded.
+  Acc x = md.r(md.r(dot) * scale);
+  if (mo.softcap > 0.f) {
+    Acc t = md.r(Acc(std::tanh(md.r(x / cap))));
+    return {md.r(t * cap), t};
+  }
+  return {x, Acc(0)};
+}
+
+// One sequence's K and V (one kv head) gathered into contiguous fp64 [seqlen_k, d] arrays.
+void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStrides& ks, const RowStrides& vs,
+               int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K, std::vector<double>* V) {
+  K->resize(size_t(sb.seqlen_k) * d);
+  V->resize(size_t(sb.seqlen_k) * d);
+  for (int j = 0; j < sb.seqlen_k; ++j) {
+    int64_t ko = row_offset(ks, b, sb.k_offset, j, kvh);
+    int64_t vo = row_offset(vs, b, sb.k_offset, j, kvh);
+    for (int c = 0; c < d; ++c) {
+      (*K)[size_t(j) * d + c] = load_double(k, dtype, ko + c);
+      (*V)[size_t(j) * d + c] = load_double(v, dtype, vo + c);
+    }
+  }
+}
+
+void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out) {
+  for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
+}
+
+// Forward of one query row over keys [kb, ke) of K/V: writes o[0, d), returns the LSE.
+// `s` is scratch of at least seqlen_k entries.
+template <typename Acc>
+double fwd_row_core(const Mode& md, const MaskOptions& mo, int kb, int ke, int d, const double* q,
+                    const double* K, const double* V, double* o, std::vector<Acc>& s) {
+  if (ke <= kb) {
+    for (int c = 0; c < d; ++c) o[c] = 0.0;
+    return -INFINITY;
+  }
+  Acc m = -INFINITY;
+  for (int j = kb; j < ke; ++j) {
+    s[j] = score<Acc>(md, mo, q, K + size_t(j) * d, d).s;
+    if (s[j] > m) m = s[j];
+  }
+  Acc l = 0;
+  for (int j = kb; j < ke; ++j) {
+    s[j] = std::exp(s[j] - m);
+    l += s[j];
+  }
+  std::vector<Acc> acc(size_t(d), Acc(0));
+  for (int j = kb; j < ke; ++j) {
+    const Acc pj = md.r(s[j] / l);
+    const double* vj = V + size_t(j) * d;
+    for (int c = 0; c < d; ++c) acc[c] += pj * Acc(vj[c]);
+  }
+  for (int c = 0; c < d; ++c) o[c] = double(md.r(acc[c]));
+  return double(m) + std::log(double(l));
+}
+
+template <typename Acc>
+flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  struct Scratch {
+    std::vector<double> K, V, q, o;
+    std::vector<Acc> s;
+  };
+  std::string err = parallel_for(
+      int64_t(sh.batch) * sh.nheads_q, [] { return Scratch(); },
+      [&](int64_t item, Scratch& w) {
+        const int b = int(item / sh.nheads_q), h = int(item % sh.nheads_q);
+        const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+        const Mask mask = make_mask(p.mask, sb);
+        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &w.K, &w.V);
+        w.q.resize(size_t(d));
+        w.o.resize(size_t(d));
+        w.s.resize(size_t(sb.seqlen_k) + 1);
+        for (int i = 0; i < sb.seqlen_q; ++i) {
+          load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, w.q.data());
+          double lse = fwd_row_core<Acc>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, w.q.data(),
+                                         w.K.data(), w.V.data(), w.o.data(), w.s);
+          const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
+          for (int c = 0; c < d; ++c) store_double(p.o, p.dtype, oo + c, w.o[c]);
+          if (p.lse) p.lse[sb.lse_offset + int64_t(h) * sb.lse_head_stride + i] = float(lse);
+        }
+      });
+  if (!err.empty()) return set_error(FLASHATTN_ERROR_INTERNAL, "reference forward: %s", err.c_str());
+  return FLASHATTN_SUCCESS;
+}
+
+template <typename Acc>
+flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  const MaskOptions& mo = p.mask;
+  const int group = sh.group_size();
+  struct Scratch {
+    std::vector<double> K, V, q, dout;
+    std::vector<Score<Acc>> sc;
+    std::vector<Acc> pr, dp, g, dq, dk_h, dv_h, dk, dv;
+  };
+  std::string err = parallel_for(
+      int64_t(sh.batch) * sh.nheads_kv, [] { return Scratch(); },
+      [&](int64_t item, Scratch& w) {
+        const int b = int(item / sh.nheads_kv), kvh = int(item % sh.nheads_kv);
+        const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+        const Mask mask = make_mask(mo, sb);
+        const int sk = sb.seqlen_k;
+        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, kvh, d, &w.K, &w.V);
+        w.q.resize(size_t(d));
+        w.dout.resize(size_t(d));
+        w.sc.resize(size_t(sk) + 1);
+        for (auto* vec : {&w.pr, &w.dp, &w.g}) vec->assign(size_t(sk) + 1, Acc(0));
+        w.dq.assign(size_t(d), Acc(0));
+        for (auto* vec : {&w.dk_h, &w.dv_h, &w.dk, &w.dv}) vec->assign(size_t(sk) * d, Acc(0));
+        const Acc scale = Acc(mo.softmax_scale);
+        const Acc cap = Acc(mo.softcap);
+        const bool softcap = mo.softcap > 0.f;
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          for (int i = 0; i < sb.seqlen_q; ++i) {
+            const int kb = mask.key_begin(i), ke = mask.key_end(i);
+            const int64_t dqo = row_offset(p.dq_stride, b, sb.q_offset, i, h);
+            if (ke <= kb) {  // sees no key: zero gradient
+              for (int c = 0; c < d; ++c) store_double(p.dq, p.dtype, dqo + c, 0.0);
+              continue;
+            }
+            load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, w.q.data());
+            load_row(p.dout, p.dtype, row_offset(p.dout_stride, b, sb.q_offset, i, h), d, w.dout.data());
+            // Recompute P.
+            Acc m = -INFINITY;
+            for (int j = kb; j < ke; ++j) {
+              w.sc[j] = score<Acc>(md, mo, w.q.data(), w.K.data() + size_t(j) * d, d);
+              if (w.sc[j].s > m) m = w.sc[j].s;
+            }
+            Acc l = 0;
+            for (int j = kb; j < ke; ++j) {
+              w.pr[j] = std::exp(w.sc[j].s - m);
+              l += w.pr[j];
+            }
+            for (int j = kb; j < ke; ++j) w.pr[j] = md.r(w.pr[j] / l);
+            // dP = dO V^T, dS = P * (dP - D) with D = rowsum(dP * P) = rowsum(dO * O). Exact:
+            // the former. Unfused: the latter on the output rounded to the input precision,
+            // as a fused backward must do (it is handed O in the input dtype); this rounding
+            // dominates the error of short rows with large dO . O.
+            Acc D = 0;
+            for (int j = kb; j < ke; ++j) {
+              Acc acc = 0;
+              const double* vj = w.V.data() + size_t(j) * d;
+              for (int c = 0; c < d; ++c) acc += Acc(w.dout[c]) * Acc(vj[c]);
+              w.dp[j] = md.r(acc);
+              if (md.exact && !md.given_output) D += w.pr[j] * w.dp[j];
+            }
+            if (md.given_output) {
+              const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
+              for (int c = 0; c < d; ++c) D += Acc(w.dout[c]) * Acc(load_double(p.o, p.dtype, oo + c));
+            } else if (!md.exact) {
+              for (int c = 0; c < d; ++c) w.dq[c] = 0;  // the output row, as the forward computes it
+              for (int j = kb; j < ke; ++j) {
+                const double* vj = w.V.data() + size_t(j) * d;
+                for (int c = 0; c < d; ++c) w.dq[c] += w.pr[j] * Acc(vj[c]);
+              }
+              for (int c = 0; c < d; ++c) D += Acc(w.dout[c]) * md.r(w.dq[c]);
+            }
+            for (int j = kb; j < ke; ++j) {
+              Acc ds = md.r(w.pr[j] * (w.dp[j] - D));
+              Acc g;
+              if (md.exact) {
+                g = ds * scale * (softcap ? Acc(1) - w.sc[j].t * w.sc[j].t : Acc(1));
+              } else if (softcap) {
+                // Back through * cap, tanh (1 - y^2), / cap, * scale, each rounded.
+                g = md.r(ds * cap);
+                g = md.r(g * (Acc(1) - w.sc[j].t * w.sc[j].t));
+                g = md.r(g / cap);
+                g = md.r(g * scale);
+              } else {
+                g = md.r(ds * scale);
+              }
+              w.g[j] = g;
+            }
+            // dQ_i = g K; dK_j += g_j q_i; dV_j += P_j dO_i.
+            for (int c = 0; c < d; ++c) w.dq[c] = 0;
+            for (int j = kb; j < ke; ++j) {
+              const double* kj = w.K.data() + size_t(j) * d;
+              Acc* dkj = w.dk_h.data() + size_t(j) * d;
+              Acc* dvj = w.dv_h.data() + size_t(j) * d;
+              const Acc gj = w.g[j], pj = w.pr[j];
+              for (int c = 0; c < d; ++c) {
+                w.dq[c] += gj * Acc(kj[c]);
+                dkj[c] += gj * Acc(w.q[c]);
+                dvj[c] += pj * Acc(w.dout[c]);
+              }
+            }
+            for (int c = 0; c < d; ++c) store_double(p.dq, p.dtype, dqo + c, double(md.r(w.dq[c])));
+          }
+          // GQA: the unfused version repeats K/V per query head and sums the (rounded)
+          // per-head gradients.
+          for (size_t x = 0; x < w.dk.size(); ++x) {
+            w.dk[x] += md.r(w.dk_h[x]);
+            w.dv[x] += md.r(w.dv_h[x]);
+            w.dk_h[x] = w.dv_h[x] = Acc(0);
+          }
+        }
+        for (int j = 0; j < sk; ++j) {
+          const int64_t dko = row_offset(p.dk_stride, b, sb.k_offset, j, kvh);
+          const int64_t dvo = row_offset(p.dv_stride, b, sb.k_offset, j, kvh);
+          for (int c = 0; c < d; ++c) {
+            store_double(p.dk, p.dtype, dko + c, double(md.r(w.dk[size_t(j) * d + c])));
+            store_double(p.dv, p.dtype, dvo + c, double(md.r(w.dv[size_t(j) * d + c])));
+          }
+        }
+      });
+  if (!err.empty()) return set_error(FLASHATTN_ERROR_INTERNAL, "reference backward: %s", err.c_str());
+  return FLASHATTN_SUCCESS;
+}
+
+Mode make_mode(Rounding r, flashattn_dtype precision) {
+  return Mode{r != Rounding::kInputPrecision, r == Rounding::kExactGivenOutput, precision};
+}
+
+// fp32 accumulation for the unfused emulation of fp16/bf16/fp32, fp64 otherwise.
+bool accumulate_in_float(const Mode& md) { return !md.exact && md.prec != FLASHATTN_DTYPE_FP64; }
+
+const char* unsupported_dtype(flashattn_dtype dtype) {
+  switch (dtype) {
+    case FLASHATTN_DTYPE_FP16:
+    case FLASHATTN_DTYPE_BF16:
+    case FLASHATTN_DTYPE_FP32:
+    case FLASHATTN_DTYPE_FP64: return nullptr;
+    case FLASHATTN_DTYPE_FP8_E4M3: return "dtype: fp8_e4m3 is not supported by the reference backend";
+  }
+  return "dtype: unknown value for the reference backend";
+}
+
+const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
+size_t fwd_ws(const FwdParams&) { return 0; }
+size_t bwd_ws(const BwdParams&) { return 0; }
+flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p, Rounding::kExact); }
+flashattn_status bwd_entry(const BwdParams& p, void*, void*) { return bwd(p, Rounding::kExact); }
+
+}  // namespace
+
+flashattn_status fwd(const FwdParams& p, Rounding rounding, flashattn_dtype precision) {
+  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  const Mode md = make_mode(rounding, precision);
+  return accumulate_in_float(md) ? fwd_impl<float>(p, md) : fwd_impl<double>(p, md);
+}
+
+flashattn_status bwd(const BwdParams& p, Rounding rounding, flashattn_dtype precision) {
+  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  const Mode md = make_mode(rounding, precision);
+  return accumulate_in_float(md) ? bwd_impl<float>(p, md) : bwd_impl<double>(p, md);
+}
+
+flashattn_status fwd(const FwdParams& p, Rounding rounding) { return fwd(p, rounding, p.dtype); }
+flashattn_status bwd(const BwdParams& p, Rounding rounding) { return bwd(p, rounding, p.dtype); }
+
+double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision, int b, int h, int i,
+               double* o) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  const Mode md = make_mode(rounding, precision);
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const Mask mask = make_mask(p.mask, sb);
+  std::vector<double> K, V, q(static_cast<size_t>(d));
+  gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &K, &V);
+  load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, q.data());
+  if (accumulate_in_float(md)) {
+    std::vector<float> s(size_t(sb.seqlen_k) + 1);
+    return fwd_row_core<float>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(), V.data(), o,
+                               s);
+  }
+  std::vector<double> s(size_t(sb.seqlen_k) + 1);
+  return fwd_row_core<double>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(), V.data(), o,
+                              s);
+}
+
+}  // namespace flashattn::reference
+
+namespace flashattn {
+
+const Backend kReferenceBackend = {
+    FLASHATTN_BACKEND_REFERENCE,
+    /*on_device=*/false,
+    /*min_cc=*/0,
+    /*max_cc=*/0,
+    reference::fwd_unsupported,
+    reference::fwd_ws,
+    reference::fwd_entry,
+    reference::bwd_unsupported,
+    reference::bwd_ws,
+    reference::bwd_entry,
+};
+
+}  // namespace flashattn

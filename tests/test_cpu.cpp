@@ -1,0 +1,505 @@
+// The tiled CPU path against the fp64 oracle (every option, fp16/bf16/fp32/fp64, ragged and
+// unequal lengths, layouts), fully masked rows, determinism, the C ABI route to it, and the
+// mask policy (src/common/mask.h) that it shares with the GPU kernels.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/backend.h"
+#include "common/mask.h"
+#include "cpu/cpu_attention.h"
+#include "cpu/parallel.h"
+#include "test_util.h"
+
+namespace flashattn::test {
+namespace {
+
+constexpr flashattn_dtype kF16 = FLASHATTN_DTYPE_FP16;
+constexpr flashattn_dtype kBF16 = FLASHATTN_DTYPE_BF16;
+constexpr flashattn_dtype kF32 = FLASHATTN_DTYPE_FP32;
+constexpr flashattn_dtype kF64 = FLASHATTN_DTYPE_FP64;
+
+// ---- the mask policy -----------------------------------------------------------------------
+
+// The rule exactly as include/flashattn/flashattn.h states it.
+bool header_allows(int i, int j, int sq, int sk, int wl, int wr) {
+  if (i < 0 || i >= sq || j < 0 || j >= sk) return false;
+  if (wl >= 0 && int64_t(j) < int64_t(i) + (sk - sq) - wl) return false;
+  if (wr >= 0 && int64_t(j) > int64_t(i) + (sk - sq) + wr) return false;
+  return true;
+}
+
+struct MaskCase {
+  int sq, sk, wl, wr;
+};
+
+std::vector<MaskCase> random_mask_cases(int n) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<MaskCase> out;
+  auto window = [&]() -> int {
+    switch (rng() % 5) {
+      case 0: return -1;
+      case 1: return 0;
+      case 2: return INT_MAX;  // huge windows behave as unbounded
+      default: return int(rng() % 40);
+    }
+  };
+  for (int t = 0; t < n; ++t) out.push_back({int(rng() % 90), int(rng() % 90), window(), window()});
+  out.push_back({0, 5, 2, 0});
+  out.push_back({5, 0, -1, 0});
+  out.push_back({1, 1, 0, 0});
+  return out;
+}
+
+std::string str(const MaskCase& m) {
+  return "sq=" + std::to_string(m.sq) + " sk=" + std::to_string(m.sk) + " window=(" + std::to_string(m.wl) + "," +
+         std::to_string(m.wr) + ")";
+}
+
+TEST(MaskPolicy, MatchesHeaderRule) {
+  for (const MaskCase& mc : random_mask_cases(300)) {
+    const Mask m(mc.sq, mc.sk, mc.wl, mc.wr);
+    for (int i = 0; i < mc.sq; ++i) {
+      int n = 0;
+      for (int j = 0; j < mc.sk; ++j) {
+        const bool want = header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
+        ASSERT_EQ(m.allowed(i, j), want) << str(mc) << " i=" << i << " j=" << j;
+        ASSERT_EQ(j >= m.key_begin(i) && j < m.key_end(i), want) << str(mc) << " i=" << i << " j=" << j;
+        ASSERT_EQ(i >= m.query_begin(j) && i < m.query_end(j), want) << str(mc) << " i=" << i << " j=" << j;
+        n += want;
+      }
+      ASSERT_EQ(m.row_empty(i), n == 0) << str(mc) << " i=" << i;
+    }
+  }
+}
+
+// Block trip counts: the key blocks a row block visits are exactly those holding a key some
+// row of the block may see (coverage: nothing skipped; tightness: no wasted block).
+TEST(MaskPolicy, KeyBlockRangeIsExact) {
+  for (const MaskCase& mc : random_mask_cases(300)) {
+    const Mask m(mc.sq, mc.sk, mc.wl, mc.wr);
+    for (int bm : {1, 3, 16, 64, 128})
+      for (int bn : {1, 5, 16, 64, 128})
+        for (int row0 = 0; row0 < mc.sq; row0 += bm) {
+          int nb, ne;
+          m.key_block_range(row0, bm, bn, &nb, &ne);
+          const int rows_end = std::min(row0 + bm, mc.sq);
+          std::vector<char> needed(size_t((mc.sk + bn - 1) / bn), 0);
+          for (int i = row0; i < rows_end; ++i)
+            for (int j = 0; j < mc.sk; ++j)
+              if (header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr)) needed[size_t(j / bn)] = 1;
+          for (int n = 0; n < int(needed.size()); ++n) {
+            const bool visited = n >= nb && n < ne;
+            ASSERT_EQ(visited, bool(needed[size_t(n)]))
+                << str(mc) << " bm=" << bm << " bn=" << bn << " row0=" << row0 << " block " << n << " range [" << nb
+                << "," << ne << ")";
+          }
+          if (ne > nb) {
+            ASSERT_GE(nb, 0);
+            ASSERT_LE(ne, int(needed.size()));
+          }
+        }
+  }
+}
+
+TEST(MaskPolicy, QueryBlockRangeIsExact) {
+  for (const MaskCase& mc : random_mask_cases(300)) {
+    const Mask m(mc.sq, mc.sk, mc.wl, mc.wr);
+    for (int bn : {1, 3, 16, 64, 128})
+      for (int bm : {1, 5, 16, 64, 128})
+        for (int col0 = 0; col0 < mc.sk; col0 += bn) {
+          int mb, me;
+          m.query_block_range(col0, bn, bm, &mb, &me);
+          const int cols_end = std::min(col0 + bn, mc.sk);
+          std::vector<char> needed(size_t((mc.sq + bm - 1) / bm), 0);
+          for (int j = col0; j < cols_end; ++j)
+            for (int i = 0; i < mc.sq; ++i)
+              if (header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr)) needed[size_t(i / bm)] = 1;
+          for (int x = 0; x < int(needed.size()); ++x) {
+            const bool visited = x >= mb && x < me;
+            ASSERT_EQ(visited, bool(needed[size_t(x)]))
+                << str(mc) << " bn=" << bn << " bm=" << bm << " col0=" << col0 << " block " << x << " range [" << mb
+                << "," << me << ")";
+          }
+        }
+  }
+}
+
+// tile_needs_mask may say true for a clean tile (a missed optimisation) but never false for a
+// tile with a masked or out-of-bounds element (a wrong answer). Tiles of any size and offset.
+TEST(MaskPolicy, TileNeedsMaskIsConservative) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const MaskCase& mc : random_mask_cases(300)) {
+    const Mask m(mc.sq, mc.sk, mc.wl, mc.wr);
+    for (int t = 0; t < 60; ++t) {
+      const int bm = 1 + int(rng() % 70), bn = 1 + int(rng() % 70);
+      const int row0 = int(rng() % (mc.sq + 1)), col0 = int(rng() % (mc.sk + 1));
+      bool masked = false;
+      for (int i = row0; i < row0 + bm && !masked; ++i)
+        for (int j = col0; j < col0 + bn && !masked; ++j)
+          masked = !header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
+      if (masked)
+        ASSERT_TRUE(m.tile_needs_mask(row0, bm, col0, bn))
+            << str(mc) << " tile rows [" << row0 << "," << row0 + bm << ") cols [" << col0 << "," << col0 + bn << ")";
+      else
+        EXPECT_FALSE(m.tile_needs_mask(row0, bm, col0, bn)) << "a clean tile is masked: " << str(mc);
+    }
+  }
+}
+
+TEST(MaskPolicy, InteriorTilesSkipMasking) {
+  // No mask: every in-bounds tile is clean. Causal 256 x 256 with 64-tiles: the 6 tiles
+  // strictly below the diagonal are clean, the 4 on it are not.
+  const Mask none(256, 256, -1, -1);
+  const Mask causal(256, 256, -1, 0);
+  int clean = 0;
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) {
+      EXPECT_FALSE(none.tile_needs_mask(r * 64, 64, c * 64, 64));
+      if (c < r) EXPECT_FALSE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
+      if (c == r) EXPECT_TRUE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
+      clean += c <= r && !causal.tile_needs_mask(r * 64, 64, c * 64, 64);
+    }
+  EXPECT_EQ(clean, 6);
+}
+
+// ---- the CPU path against the oracle -------------------------------------------------------
+
+struct GridCase {
+  std::string name;
+  Case c;
+  bool backward = true;
+  int sampled_rows = 0;  // > 0: forward only, checked on this many sampled rows (long sequences)
+};
+
+// gtest prints parameters of failing/listed tests with this (instead of a byte dump).
+void PrintTo(const GridCase& g, std::ostream* os) { *os << g.name << " [" << g.c.str() << "]"; }
+
+Case make(int sq, int sk, int hq, int hkv, int d, flashattn_dtype dt) {
+  Case c;
+  c.sq = sq, c.sk = sk, c.hq = hq, c.hkv = hkv, c.d = d;
+  c.dtype = dt;
+  return c;
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> g;
+  auto add = [&](const std::string& name, Case c, bool bwd = true, int sampled = 0) {
+    g.push_back({name, c, bwd, sampled});
+  };
+  Case c;
+  add("Fp16Plain", make(113, 203, 4, 2, 64, kF16));
+  c = make(203, 113, 2, 1, 128, kBF16), c.causal = true;  // sq > sk: empty rows
+  add("Bf16CausalSqGtSk", c);
+  c = make(113, 799, 2, 2, 32, kF32), c.causal = true;
+  add("Fp32CausalSqLtSk", c);
+  c = make(799, 799, 2, 1, 64, kF16), c.window_left = 32, c.causal = true;
+  add("Fp16LocalCausal", c);
+  c = make(203, 1023, 2, 2, 64, kBF16), c.window_left = 7, c.window_right = 13;
+  add("Bf16WindowSkGtSq", c);
+  c = make(1023, 203, 2, 2, 64, kF16), c.window_left = 100, c.window_right = 3;
+  add("Fp16WindowSqGtSk", c);
+  c = make(113, 113, 4, 1, 96, kF16), c.softcap = 30.f;
+  add("Fp16SoftcapMqa", c);
+  c = make(203, 203, 6, 2, 64, kBF16), c.softcap = 5.f, c.causal = true, c.input_std = 2.0;
+  add("Bf16SoftcapCausalGqa", c);
+  c = make(0, 0, 4, 2, 64, kF16), c.seqlens_q = {1, 7, 113, 0, 203}, c.seqlens_k = {7, 1, 203, 5, 113};
+  c.causal = true;
+  add("Fp16VarlenCausal", c);
+  c = make(0, 0, 2, 1, 128, kBF16), c.seqlens_q = {799, 1, 7}, c.seqlens_k = {1023, 113, 0};
+  c.window_left = 16, c.window_right = 16;
+  add("Bf16VarlenWindow", c);
+  c = make(0, 0, 3, 3, 40, kF32), c.seqlens_q = {113, 203}, c.seqlens_k = {203, 113}, c.softcap = 20.f;
+  add("Fp32VarlenSoftcapD40", c);
+  add("Fp16DecodeD256", make(1, 1023, 8, 1, 256, kF16));
+  add("Bf16SingleKey", make(1023, 1, 2, 2, 64, kBF16));
+  add("Fp16Tiny", make(7, 7, 1, 1, 8, kF16));
+  c = make(1, 1, 1, 1, 3, kBF16), c.causal = true;
+  add("Bf16OneByOne", c);
+  c = make(203, 203, 2, 2, 64, kF16), c.causal = true, c.layout = Layout::kPadded;
+  add("Fp16PaddedCausal", c);
+  c = make(113, 799, 4, 2, 64, kBF16), c.window_left = 64, c.layout = Layout::kHeadMajor;
+  add("Bf16HeadMajorWindow", c);
+  c = make(113, 203, 2, 1, 64, kF64), c.causal = true, c.softcap = 10.f;
+  add("Fp64CausalSoftcap", c);
+  c = make(203, 203, 2, 2, 64, kF16), c.softmax_scale = 0.3f, c.input_std = 3.0;  // peaky softmax
+  add("Fp16LargeLogits", c);
+  c = make(113, 203, 2, 2, 64, kF16), c.batch = 3, c.window_left = 0, c.window_right = 0;
+  add("Fp16BatchDiagonalOnly", c);
+  c = make(203, 113, 2, 2, 64, kBF16), c.lse = false;
+  add("Bf16NoLse", c, false);
+  c = make(0, 0, 2, 1, 64, kF32), c.seqlens_q = {7, 1023, 1}, c.seqlens_k = {1023, 7, 1}, c.causal = true;
+  add("Fp32VarlenCrossLengths", c);
+  c = make(1023, 1023, 4, 2, 128, kBF16), c.causal = true, c.softcap = 30.f;
+  add("Bf16Full1023GqaSoftcap", c);
+  c = make(0, 0, 4, 4, 64, kF16), c.seqlens_q = {799, 203, 1023, 7}, c.seqlens_k = {1023, 799, 203, 113};
+  c.window_left = 128, c.window_right = 0, c.layout = Layout::kPadded;
+  add("Fp16VarlenLocalPadded", c);
+  // Long sequences: the oracle on sampled rows for the forward; the backward at reduced width.
+  c = make(4097, 4097, 4, 1, 128, kBF16), c.softcap = 50.f;
+  add("Bf16Long4097MqaSoftcap", c, false, 24);
+  c = make(4097, 4097, 2, 1, 64, kF16), c.causal = true;
+  add("Fp16Long4097Causal", c, false, 48);
+  c = make(1023, 4097, 2, 2, 64, kBF16), c.window_left = 300, c.window_right = 50;
+  add("Bf16Long1023x4097Window", c, false, 48);
+  c = make(4097, 1023, 1, 1, 32, kBF16), c.causal = true;
+  add("Bf16Long4097x1023CausalBwd", c);
+  return g;
+}
+
+class CpuGrid : public ::testing::TestWithParam<GridCase> {};
+
+TEST_P(CpuGrid, MatchesOracle) {
+  const GridCase& gc = GetParam();
+  Problem p(gc.c);
+  SCOPED_TRACE(p.describe());
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  if (gc.sampled_rows > 0) {
+    std::mt19937_64 rng(p.seed);
+    EXPECT_TRUE(check_fwd_sampled(p, gc.sampled_rows, rng));
+    return;
+  }
+  const Oracle exact = run_oracle(p, Rounding::kExact, gc.backward);
+  const Oracle standard = run_oracle(p, Rounding::kInputPrecision, gc.backward);
+  EXPECT_TRUE(check_fwd(p, exact, standard));
+  if (!gc.c.lse) {
+    for (float x : p.lse) EXPECT_TRUE(std::isnan(x)) << "lse written although the case passed none";
+    return;
+  }
+  if (!gc.backward) return;
+  ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  EXPECT_TRUE(check_bwd(p, exact, standard));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, CpuGrid, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) { return info.param.name; });
+
+// Random small problems over every option at once, fresh each run.
+TEST(CpuRandom, SmallProblemsAllOptions) {
+  const uint64_t master = fresh_seed();
+  SCOPED_TRACE("FLASHATTN_TEST_SEED=" + std::to_string(master) + " reproduces this test");
+  std::mt19937_64 rng(master);
+  const int lens[] = {1, 2, 7, 31, 64, 65, 113, 150};
+  const int dims[] = {8, 16, 32, 40, 64, 128};
+  const flashattn_dtype dts[] = {kF16, kBF16, kF32};
+  for (int t = 0; t < 24; ++t) {
+    Case c;
+    c.dtype = dts[rng() % 3];
+    c.d = dims[rng() % 6];
+    c.hkv = 1 + int(rng() % 2);
+    c.hq = c.hkv * (1 + int(rng() % 3));
+    if (rng() % 3 == 0) {
+      const int n = 1 + int(rng() % 3);
+      for (int s = 0; s < n; ++s) {
+        c.seqlens_q.push_back(rng() % 5 == 0 ? 0 : lens[rng() % 8]);
+        c.seqlens_k.push_back(rng() % 5 == 0 ? 0 : lens[rng() % 8]);
+      }
+    } else {
+      c.batch = 1 + int(rng() % 2);
+      c.sq = lens[rng() % 8];
+      c.sk = lens[rng() % 8];
+    }
+    c.causal = rng() % 2;
+    c.window_left = rng() % 3 ? -1 : int(rng() % 40);
+    c.window_right = c.causal || rng() % 3 ? -1 : int(rng() % 40);
+    c.softcap = rng() % 3 ? 0.f : 8.f;
+    c.layout = Layout(rng() % 3);
+    Problem p(c, rng());
+    SCOPED_TRACE(p.describe());
+    ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    const Oracle exact = run_oracle(p, Rounding::kExact, true);
+    const Oracle standard = run_oracle(p, Rounding::kInputPrecision, true);
+    EXPECT_TRUE(check_fwd(p, exact, standard));
+    EXPECT_TRUE(check_bwd(p, exact, standard));
+  }
+}
+
+// ---- fully masked rows and unseen keys -----------------------------------------------------
+
+void expect_exact_zero_rows(const Problem& p, const HostTensor& t, const std::vector<int>& rows, bool key_side) {
+  for (int r : rows)
+    for (int64_t h = 0; h < t.shape[2]; ++h)
+      for (int64_t x = 0; x < t.shape[3]; ++x)
+        ASSERT_EQ(t.get(0, key_side ? p.k_row(0, r) : p.q_row(0, r), h, x), 0.0) << "row " << r << " head " << h;
+}
+
+TEST(CpuMasked, EmptyRowsAndUnseenKeysAreZero) {
+  for (flashattn_dtype dt : {kF16, kBF16, kF32}) {
+    // Causal with sq > sk: the first sq - sk rows see nothing.
+    Case c = make(300, 100, 2, 1, 64, dt);
+    c.causal = true;
+    Problem p(c);
+    SCOPED_TRACE(p.describe());
+    ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    EXPECT_EQ(p.out.count_nan() + p.dq.count_nan() + p.dk.count_nan() + p.dv.count_nan(), 0);
+    std::vector<int> empty;
+    for (int i = 0; i < 200; ++i) empty.push_back(i);
+    expect_exact_zero_rows(p, p.out, empty, false);
+    expect_exact_zero_rows(p, p.dq, empty, false);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 300; ++i) EXPECT_EQ(p.lse[size_t(p.lse_index(0, h, i))] == -INFINITY, i < 200) << i;
+
+    // Diagonal-only window with sk > sq: keys 0..sk-sq-1 are seen by no row.
+    Case w = make(100, 300, 2, 2, 32, dt);
+    w.window_left = 0, w.window_right = 0;
+    Problem q(w);
+    ASSERT_EQ(kCpuBackend.fwd(q.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    ASSERT_EQ(kCpuBackend.bwd(q.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    EXPECT_EQ(q.out.count_nan() + q.dq.count_nan() + q.dk.count_nan() + q.dv.count_nan(), 0);
+    std::vector<int> unseen;
+    for (int j = 0; j < 200; ++j) unseen.push_back(j);
+    expect_exact_zero_rows(q, q.dk, unseen, true);
+    expect_exact_zero_rows(q, q.dv, unseen, true);
+    // Each row sees exactly its diagonal key: O = V of that key (up to rounding to the dtype).
+    for (int i = 0; i < 100; ++i)
+      for (int x = 0; x < 32; ++x) EXPECT_EQ(q.out.get(0, i, 1, x), q.v.get(0, 200 + i, 1, x));
+  }
+}
+
+TEST(CpuMasked, VarlenEmptySequences) {
+  Case c = make(0, 0, 2, 1, 64, kF16);
+  c.seqlens_q = {0, 5, 0, 3};
+  c.seqlens_k = {4, 0, 0, 6};
+  Problem p(c);
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  // Sequence 1 (packed q rows 0-4) has queries but no keys; sequence 0 (packed k rows 0-3)
+  // has keys but no queries. expect_exact_zero_rows indexes packed rows via sequence 0.
+  expect_exact_zero_rows(p, p.out, {0, 1, 2, 3, 4}, false);
+  expect_exact_zero_rows(p, p.dq, {0, 1, 2, 3, 4}, false);
+  expect_exact_zero_rows(p, p.dk, {0, 1, 2, 3}, true);
+  expect_exact_zero_rows(p, p.dv, {0, 1, 2, 3}, true);
+  const Oracle exact = run_oracle(p, Rounding::kExact, true);
+  const Oracle standard = run_oracle(p, Rounding::kInputPrecision, true);
+  EXPECT_TRUE(check_fwd(p, exact, standard));
+  EXPECT_TRUE(check_bwd(p, exact, standard));
+}
+
+TEST(CpuMasked, NoKeysFixedLength) {
+  Case c = make(9, 0, 2, 1, 16, kBF16);
+  Problem p(c);
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  EXPECT_EQ(p.out.count_nan(), 0);
+  for (float x : p.lse) EXPECT_EQ(x, -INFINITY);
+  ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  for (int i = 0; i < 9; ++i)
+    for (int h = 0; h < 2; ++h)
+      for (int x = 0; x < 16; ++x) {
+        EXPECT_EQ(p.out.get(0, i, h, x), 0.0);
+        EXPECT_EQ(p.dq.get(0, i, h, x), 0.0);
+      }
+}
+
+// ---- determinism ---------------------------------------------------------------------------
+
+class ThreadsEnv {
+ public:
+  explicit ThreadsEnv(int n) {
+    const char* old = std::getenv("FLASHATTN_NUM_THREADS");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("FLASHATTN_NUM_THREADS", std::to_string(n).c_str(), 1);
+  }
+  ~ThreadsEnv() {
+    if (had_)
+      setenv("FLASHATTN_NUM_THREADS", old_.c_str(), 1);
+    else
+      unsetenv("FLASHATTN_NUM_THREADS");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(CpuDeterminism, BackwardIsBitwiseReproducibleAcrossRunsAndThreadCounts) {
+  Case c = make(0, 0, 4, 2, 64, kBF16);
+  c.seqlens_q = {300, 77, 513};
+  c.seqlens_k = {200, 513, 129};
+  c.causal = true;
+  c.softcap = 12.f;
+  Problem p(c);
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  HostTensor out0 = p.out;
+  std::vector<float> lse0 = p.lse;
+  ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  const HostTensor dq0 = p.dq, dk0 = p.dk, dv0 = p.dv;
+  for (int threads : {1, 3, 2, 7}) {
+    ThreadsEnv env(threads);
+    p.poison_outputs();
+    ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    EXPECT_TRUE(bitwise_equal(p.out, out0)) << threads << " threads";
+    EXPECT_EQ(0, std::memcmp(p.lse.data(), lse0.data(), lse0.size() * sizeof(float))) << threads << " threads";
+    ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+    EXPECT_TRUE(bitwise_equal(p.dq, dq0)) << threads << " threads";
+    EXPECT_TRUE(bitwise_equal(p.dk, dk0)) << threads << " threads";
+    EXPECT_TRUE(bitwise_equal(p.dv, dv0)) << threads << " threads";
+  }
+}
+
+// ---- through the C ABI ---------------------------------------------------------------------
+
+TEST(CpuCAbi, BackendsCpuAutoAndReferenceRunThroughTheAbi) {
+  Case c = make(150, 97, 4, 2, 64, kF16);
+  c.causal = true;
+  c.window_left = 40;
+  c.softcap = 20.f;
+  c.layout = Layout::kPadded;
+  Problem p(c);
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  const HostTensor out0 = p.out, dq0 = p.dq, dk0 = p.dk, dv0 = p.dv;
+  const std::vector<float> lse0 = p.lse;
+  for (flashattn_backend b : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_AUTO}) {
+    p.poison_outputs();
+    flashattn_fwd_params fp = p.c_fwd_params(b);
+    ASSERT_EQ(flashattn_fwd(&fp, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_TRUE(bitwise_equal(p.out, out0));
+    EXPECT_EQ(0, std::memcmp(p.lse.data(), lse0.data(), lse0.size() * sizeof(float)));
+    flashattn_bwd_params bp = p.c_bwd_params(b);
+    size_t ws = 0;
+    ASSERT_EQ(flashattn_bwd_workspace_size(&bp, &ws), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_EQ(ws, size_t(4) * 150 * 4);  // D: one fp32 per query row and head
+    std::vector<unsigned char> workspace(ws);
+    ASSERT_EQ(flashattn_bwd(&bp, workspace.data(), ws, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_TRUE(bitwise_equal(p.dq, dq0));
+    EXPECT_TRUE(bitwise_equal(p.dk, dk0));
+    EXPECT_TRUE(bitwise_equal(p.dv, dv0));
+  }
+  // The reference backend through the ABI is the exact oracle, rounded to the output dtype.
+  p.poison_outputs();
+  flashattn_fwd_params fp = p.c_fwd_params(FLASHATTN_BACKEND_REFERENCE);
+  ASSERT_EQ(flashattn_fwd(&fp, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  const Oracle exact = run_oracle(p, Rounding::kExact, false);
+  for (int i = 0; i < 150; ++i)
+    for (int h = 0; h < 4; ++h)
+      for (int x = 0; x < 64; ++x)
+        ASSERT_EQ(p.out.get(0, i, h, x), round_to(kF16, exact.out.get(0, i, h, x)));
+  EXPECT_EQ(p.out.padding_writes(), 0);
+}
+
+TEST(CpuPerf, ForwardFourKIsFast) {
+  // 4k x 4k, 8 heads, d = 64 (34 GFLOP): a smoke check that the tiled path stays vectorized,
+  // generous enough for a loaded 2-core CI machine.
+  Case c = make(4096, 4096, 8, 8, 64, kBF16);
+  Problem p(c, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "cpu forward 4096x4096x8x64 bf16: " << s << " s (" << 34.36 / s << " GFLOP/s, "
+            << host_num_threads() << " threads)\n";
+  EXPECT_LT(s, 20.0);
+}
+
+}  // namespace
+}  // namespace flashattn::test
