@@ -1,0 +1,352 @@
+// sm80 backward (FlashAttention-2): preprocess D = rowsum(dO * O); main kernel with one CTA per
+// (key block, kv head, batch entry) that keeps dK/dV in registers while it walks the query
+// blocks (of every query head of its GQA group, so dK/dV need no atomics and no workspace);
+// dQ is accumulated in an fp32 workspace with atomicAdd, then scaled and converted.
+// Deterministic mode orders the dQ accumulation of the key blocks touching a query block by a
+// per-(batch, head, query block) counter, so the fp32 sums happen in a fixed order.
+#pragma once
+
+#include <cmath>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "sm80/kernel_traits.h"
+#include "sm80/utils.h"
+
+namespace flashattn::sm80 {
+
+// Workspace of one backward call (offsets computed on the host, see bwd_workspace_layout).
+struct BwdWorkspace {
+  float* dq_accum;  // [total_q, nheads_q, headdim] fp32
+  float* dsum;      // D, indexed like LSE
+  int* semaphores;  // [batch, nheads_q, num_m_blocks] (deterministic mode), else null
+  int num_m_blocks;
+};
+
+// Row `r` of the packed [total_q] index space -> (batch entry, row within the sequence).
+// Fixed length only (varlen rows are already global).
+__device__ __forceinline__ int64_t lse_index(const flashattn::Shape& s, bool varlen, int64_t qrow, int h) {
+  if (varlen) return int64_t(h) * s.total_q + qrow;
+  const int64_t b = qrow / s.seqlen_q, r = qrow % s.seqlen_q;
+  return (b * s.nheads_q + h) * s.seqlen_q + r;
+}
+__device__ __forceinline__ int64_t tensor_row_offset(const RowStrides& st, const flashattn::Shape& s, bool varlen,
+                                                     int64_t qrow, int h) {
+  if (varlen) return qrow * st.row + int64_t(h) * st.head;
+  const int64_t b = qrow / s.seqlen_q, r = qrow % s.seqlen_q;
+  return b * st.batch + r * st.row + int64_t(h) * st.head;
+}
+
+// D[i] = sum_d dO[i, d] * O[i, d]: one warp per (row, head).
+template <typename Element>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dsum) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t total = int64_t(p.shape.total_q) * p.shape.nheads_q;
+  const int lane = threadIdx.x % 32;
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < total;
+       w += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t qrow = w / p.shape.nheads_q;
+    const int h = int(w % p.shape.nheads_q);
+    const Element* o = static_cast<const Element*>(p.o) + tensor_row_offset(p.o_stride, p.shape, varlen, qrow, h);
+    const Element* d_o =
+        static_cast<const Element*>(p.dout) + tensor_row_offset(p.dout_stride, p.shape, varlen, qrow, h);
+    float acc = 0.f;
+    for (int k = lane; k < p.shape.headdim; k += 32) acc += float(o[k]) * float(d_o[k]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) dsum[lse_index(p.shape, varlen, qrow, h)] = acc;
+  }
+}
+
+// dQ = softmax_scale * dQ_accum, converted to the output dtype.
+template <typename Element>
+__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int d = p.shape.headdim;
+  const int64_t total = int64_t(p.shape.total_q) * p.shape.nheads_q * (d / 2);
+  const float scale = p.mask.softmax_scale;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int col = int(i % (d / 2)) * 2;
+    const int64_t rh = i / (d / 2);
+    const int h = int(rh % p.shape.nheads_q);
+    const int64_t qrow = rh / p.shape.nheads_q;
+    const float2 v = *reinterpret_cast<const float2*>(dq_accum + rh * d + col);
+    Element* dst = static_cast<Element*>(p.dq) + tensor_row_offset(p.dq_stride, p.shape, varlen, qrow, h) + col;
+    *reinterpret_cast<typename Pack2<Element>::type*>(dst) = Pack2<Element>::make(v.x * scale, v.y * scale);
+  }
+}
+
+// Number of key blocks before `n_block` that accumulate into query block `m_block`; the key
+// blocks touching a query block are contiguous and their query ranges are monotone, so the
+// first one is found by bisection over [0, n_block].
+__device__ __forceinline__ int dq_turn(const Mask& mask, int n_block, int m_block, int block_n, int block_m) {
+  int lo = 0, hi = n_block;  // first n in [lo, hi] with a non-empty range ending past m_block
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    int mb, me;
+    mask.query_block_range(mid * block_n, block_n, block_m, &mb, &me);
+    if (me > mb && me > m_block) hi = mid; else lo = mid + 1;
+  }
+  return n_block - lo;
+}
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <typename Kt>
+__global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p, const BwdWorkspace ws) {
+  using Element = typename Kt::Element;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kBlockN = Kt::kBlockN;
+  constexpr int kHeadDim = Kt::kHeadDim;
+  extern __shared__ __align__(128) char smem_[];
+
+  const int tidx = threadIdx.x;
+  const int n_block = blockIdx.x;
+  const int hk = blockIdx.y;
+  const int b = blockIdx.z;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= sb.seqlen_k) return;
+  const Mask mask = make_mask(p.mask, sb);
+  int m_begin = 0, m_end = 0;
+  mask.query_block_range(n0, kBlockN, kBlockM, &m_begin, &m_end);
+  const int valid_cols = min(kBlockN, sb.seqlen_k - n0);
+  const int group = p.shape.group_size();
+  const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;  // row in dq_accum
+  const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_)), typename Kt::SmemLayoutQdO{});
+  Tensor sQt = make_tensor(sQ.data(), typename Kt::SmemLayoutQdOt{});
+  Tensor sQtNoSwizzle = make_tensor(sQ.data().get(), typename Kt::SmemLayoutQdOtNoSwizzle{});
+  Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Kt::SmemLayoutQdO{});
+  Tensor sdOt = make_tensor(sdO.data(), typename Kt::SmemLayoutQdOt{});
+  Tensor sdOtNoSwizzle = make_tensor(sdO.data().get(), typename Kt::SmemLayoutQdOtNoSwizzle{});
+  Tensor sK = make_tensor(sdO.data() + size(sdO), typename Kt::SmemLayoutKV{});
+  Tensor sKt = make_tensor(sK.data(), typename Kt::SmemLayoutKt{});
+  Tensor sKtNoSwizzle = make_tensor(sK.data().get(), typename Kt::SmemLayoutKtNoSwizzle{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Kt::SmemLayoutKV{});
+  Tensor sdS = make_tensor(sV.data() + size(sV), typename Kt::SmemLayoutPdS{});
+  Tensor sdSt = make_tensor(sdS.data(), typename Kt::SmemLayoutPdSt{});
+  Tensor sdStNoSwizzle = make_tensor(sdS.data().get(), typename Kt::SmemLayoutPdStNoSwizzle{});
+  Tensor sP = make_tensor(sdS.data() + size(sdS), typename Kt::SmemLayoutPdS{});
+  Tensor sPt = make_tensor(sP.data(), typename Kt::SmemLayoutPdSt{});
+  Tensor sPtNoSwizzle = make_tensor(sP.data().get(), typename Kt::SmemLayoutPdStNoSwizzle{});
+
+  // ---- gmem tiles -------------------------------------------------------------------------
+  typename Kt::GmemTiledCopy gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
+  Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+  Tensor tdOsdO = gmem_thr_copy.partition_D(sdO);
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);
+  Tensor tVsV = gmem_thr_copy.partition_D(sV);
+
+  const Element* k_ptr = static_cast<const Element*>(p.k) + row_offset(p.k_stride, b, sb.k_offset, n0, hk);
+  const Element* v_ptr = static_cast<const Element*>(p.v) + row_offset(p.v_stride, b, sb.k_offset, n0, hk);
+  {
+    Tensor gK = make_tensor(make_gmem_ptr(k_ptr), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                            make_stride(p.k_stride.row, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v_ptr), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                            make_stride(p.v_stride.row, _1{}));
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK), tKsK, tKVcKV, valid_cols);
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tVsV, tKVcKV, valid_cols);
+    cute::cp_async_fence();
+  }
+
+  // ---- MMAs and smem->register copies --------------------------------------------------------
+  typename Kt::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tidx);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);
+  Tensor tSrK = thr_sdp.partition_fragment_B(sK);
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sV);
+  auto copy_a_sdp = make_tiled_copy_A(typename Kt::SmemCopyAtom{}, mma_sdp);
+  auto thr_copy_a_sdp = copy_a_sdp.get_thread_slice(tidx);
+  Tensor tSsQ = thr_copy_a_sdp.partition_S(sQ);
+  Tensor tdPsdO = thr_copy_a_sdp.partition_S(sdO);
+  auto copy_b_sdp = make_tiled_copy_B(typename Kt::SmemCopyAtom{}, mma_sdp);
+  auto thr_copy_b_sdp = copy_b_sdp.get_thread_slice(tidx);
+  Tensor tSsK = thr_copy_b_sdp.partition_S(sK);
+  Tensor tdPsV = thr_copy_b_sdp.partition_S(sV);
+  auto copy_pds = make_tiled_copy_C(typename Kt::SmemCopyAtomPdS{}, mma_sdp);
+  auto thr_copy_pds = copy_pds.get_thread_slice(tidx);
+  Tensor tPsP = thr_copy_pds.partition_D(sP);
+  Tensor tdSsdS = thr_copy_pds.partition_D(sdS);
+
+  typename Kt::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tidx);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPtNoSwizzle);
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOtNoSwizzle);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdStNoSwizzle);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQtNoSwizzle);
+  auto copy_a_dkv = make_tiled_copy_A(typename Kt::SmemCopyAtomTransposed{}, mma_dkv);
+  auto thr_copy_a_dkv = copy_a_dkv.get_thread_slice(tidx);
+  Tensor tdVsPt = thr_copy_a_dkv.partition_S(sPt);
+  Tensor tdKsdSt = thr_copy_a_dkv.partition_S(sdSt);
+  auto copy_b_dkv = make_tiled_copy_B(typename Kt::SmemCopyAtomTransposed{}, mma_dkv);
+  auto thr_copy_b_dkv = copy_b_dkv.get_thread_slice(tidx);
+  Tensor tdVsdOt = thr_copy_b_dkv.partition_S(sdOt);
+  Tensor tdKsQt = thr_copy_b_dkv.partition_S(sQt);
+
+  typename Kt::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tidx);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKtNoSwizzle);
+  auto copy_a_dq = make_tiled_copy_A(typename Kt::SmemCopyAtom{}, mma_dq);
+  auto thr_copy_a_dq = copy_a_dq.get_thread_slice(tidx);
+  Tensor tdQsdS = thr_copy_a_dq.partition_S(sdS);
+  auto copy_b_dq = make_tiled_copy_B(typename Kt::SmemCopyAtomTransposed{}, mma_dq);
+  auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tidx);
+  Tensor tdQsKt = thr_copy_b_dq.partition_S(sKt);
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  constexpr int kCols = decltype(size<1>(tScS_rc))::value;
+
+  bool gave_up = false;  // thread 0 only: stop waiting after a timed-out turn
+  for (int hi = 0; hi < group; ++hi) {
+    const int h = hk * group + hi;
+    const Element* q_head = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, 0, h);
+    const Element* do_head = static_cast<const Element*>(p.dout) + row_offset(p.dout_stride, b, sb.q_offset, 0, h);
+    const float* lse_head = p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride;
+    const float* dsum_head = ws.dsum + sb.lse_offset + int64_t(h) * sb.lse_head_stride;
+
+    for (int m_block = m_begin; m_block < m_end; ++m_block) {
+      const int m0 = m_block * kBlockM;
+      const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
+      __syncthreads();  // every warp is done with sQ, sdO, sP, sdS of the previous block
+      {
+        Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m0) * p.q_stride.row),
+                                Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
+        Tensor gdO = make_tensor(make_gmem_ptr(do_head + int64_t(m0) * p.dout_stride.row),
+                                 Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.dout_stride.row, _1{}));
+        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ, tQcQ, valid_rows);
+        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO, tQcQ, valid_rows);
+        cute::cp_async_fence();
+      }
+      // Per-row LSE (log2 domain) and D; rows past the end get P = 0 through the mask.
+      float lse2[kRows], dsum[kRows];
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int row = get<0>(tScS_rc(mi, 0));
+        const bool ok = row < valid_rows;
+        lse2[mi] = ok ? lse_head[m0 + row] * kLog2e : -INFINITY;
+        dsum[mi] = ok ? dsum_head[m0 + row] : 0.f;
+      }
+      cute::cp_async_wait<0>();
+      __syncthreads();
+
+      // S = Q K^T -> P = exp2(S * scale * log2e - LSE * log2e).
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
+      Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+      // P goes to smem (for dV) in the input precision; `scores` keeps P * d(capped)/d(raw)
+      // (the softcap's 1 - tanh^2, else 1) in fp32 for dS.
+      Tensor rP = make_tensor<Element>(acc_s.layout());
+      Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
+      const bool needs_mask = mask.tile_needs_mask(m0, kBlockM, n0, kBlockN);
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int row = m0 + get<0>(tScS_rc(mi, 0));
+        const int kb = mask.key_begin(row), ke = row < sb.seqlen_q ? mask.key_end(row) : 0;
+#pragma unroll
+        for (int ni = 0; ni < kCols; ++ni) {
+          const int col = n0 + get<1>(tScS_rc(mi, ni));
+          const bool masked = needs_mask && (col < kb || col >= ke);
+          float s = scores(mi, ni), dt = 1.f;
+          if (st.softcap > 0.f) {
+            s = st.apply(s);
+            dt = st.dtanh_factor(s);
+          }
+          const float prob = masked ? 0.f : prob_from_lse(s * st.exp2_scale, lse2[mi]);
+          rP_rc(mi, ni) = Element(prob);
+          scores(mi, ni) = prob * dt;
+        }
+      }
+      cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
+
+      // dP = dO V^T -> dS = P (dP - D) [* (1 - tanh^2)].
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_dp);
+      gemm_ss(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp,
+              thr_copy_b_sdp);
+      Tensor dS = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kCols; ++ni) {
+          dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum[mi]);
+        }
+      }
+      Tensor rdS = convert_type<Element>(acc_dp);
+      cute::copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
+      __syncthreads();  // P and dS visible to every warp
+
+      // dV += P^T dO, dK += dS^T Q.
+      gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, tdVsdOt, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
+              thr_copy_b_dkv);
+      gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
+              thr_copy_b_dkv);
+
+      // dQ_accum += dS K (unscaled; the postprocess multiplies by softmax_scale).
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+      clear(acc_dq);
+      gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_a_dq, copy_b_dq, thr_copy_a_dq, thr_copy_b_dq);
+
+      int* sem = nullptr;
+      if (ws.semaphores != nullptr) {
+        sem = ws.semaphores + (int64_t(b) * p.shape.nheads_q + h) * ws.num_m_blocks + m_block;
+        if (tidx == 0 && !gave_up) {
+          const int turn = dq_turn(mask, n_block, m_block, kBlockN, kBlockM);
+          // Bounded spin: a scheduling surprise degrades to non-deterministic, never to a hang.
+          long spins = 0;
+          while (load_acquire(sem) != turn && spins < (1l << 24)) {
+            __nanosleep(128);
+            ++spins;
+          }
+          gave_up = spins >= (1l << 24);
+        }
+        __syncthreads();
+      }
+      float* dq_block = ws.dq_accum + ((qrow0 + m0) * p.shape.nheads_q + h) * int64_t(kHeadDim);
+      const int64_t dq_row_stride = int64_t(p.shape.nheads_q) * kHeadDim;
+#pragma unroll
+      for (int i = 0; i < size(acc_dq); ++i) {
+        const int row = get<0>(tdQcdQ(i));
+        if (row < valid_rows) atomicAdd(dq_block + row * dq_row_stride + get<1>(tdQcdQ(i)), acc_dq(i));
+      }
+      if (sem != nullptr) {
+        __threadfence();
+        __syncthreads();
+        if (tidx == 0) atomicAdd(sem, 1);
+      }
+    }
+  }
+
+  // Epilogue: dK = scale * dS^T Q (dV needs no scale), rows past the sequence end dropped.
+  Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tdKVcdKV_rc = make_tensor(tdKVcdKV.data(), acc_rowcol(tdKVcdKV.layout()));
+  Tensor acc_dk_rc = make_tensor(acc_dk.data(), acc_rowcol(acc_dk.layout()));
+  Tensor acc_dv_rc = make_tensor(acc_dv.data(), acc_rowcol(acc_dv.layout()));
+  Element* dk_ptr = static_cast<Element*>(p.dk) + row_offset(p.dk_stride, b, sb.k_offset, n0, hk);
+  Element* dv_ptr = static_cast<Element*>(p.dv) + row_offset(p.dv_stride, b, sb.k_offset, n0, hk);
+  store_acc_rows<Element>(acc_dk_rc, tdKVcdKV_rc, dk_ptr, p.dk_stride.row, valid_cols, p.mask.softmax_scale);
+  store_acc_rows<Element>(acc_dv_rc, tdKVcdKV_rc, dv_ptr, p.dv_stride.row, valid_cols, 1.f);
+}
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,206 @@
+// sm80 forward kernel (FlashAttention-2): one CTA per (query block, head, batch entry).
+// Q stays in smem; K/V tiles stream through smem with cp.async, the load of V overlapping
+// S = Q K^T and the load of the next K overlapping softmax + O += P V. P never leaves
+// registers: the S accumulator is re-read as the A operand of the PV MMA.
+#pragma once
+
+#include <cmath>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "sm80/kernel_traits.h"
+#include "sm80/utils.h"
+
+namespace flashattn::sm80 {
+
+template <typename Kt>
+__global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p) {
+  using Element = typename Kt::Element;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kBlockN = Kt::kBlockN;
+  constexpr int kHeadDim = Kt::kHeadDim;
+  extern __shared__ __align__(128) char smem_[];
+
+  const int tidx = threadIdx.x;
+  const int m_block = blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= sb.seqlen_q) return;
+  const Mask mask = make_mask(p.mask, sb);
+  const int hk = p.shape.kv_head(h);
+  int n_begin = 0, n_end = 0;
+  mask.key_block_range(m0, kBlockM, kBlockN, &n_begin, &n_end);
+  const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
+
+  const Element* q_ptr = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, m0, h);
+  Element* o_ptr = static_cast<Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, m0, h);
+  const Element* k_base = static_cast<const Element*>(p.k) + row_offset(p.k_stride, b, sb.k_offset, 0, hk);
+  const Element* v_base = static_cast<const Element*>(p.v) + row_offset(p.v_stride, b, sb.k_offset, 0, hk);
+  float* lse_ptr = p.lse == nullptr ? nullptr : p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + m0;
+
+  typename Kt::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tidx);
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor acc_o_rc = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));
+  Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  Tensor tOcO = thr_mma.partition_C(cO);
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;  // query rows owned by this thread
+
+  if (n_begin >= n_end) {  // every row of the block is fully masked: O = 0, LSE = -inf
+    clear(acc_o);
+    store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, 1.f);
+    if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int row = get<0>(tOcO_rc(mi, 0));
+        if (row < valid_rows) lse_ptr[row] = -INFINITY;
+      }
+    }
+    return;
+  }
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_)), typename Kt::SmemLayoutQ{});
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Kt::SmemLayoutKV{});
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Kt::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Kt::SmemLayoutVt{});
+  Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Kt::SmemLayoutVtNoSwizzle{});
+
+  const int64_t ks = p.k_stride.row, vs = p.v_stride.row;
+  Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
+  auto gK_at = [&](int n) {
+    return make_tensor(make_gmem_ptr(k_base + int64_t(n) * kBlockN * ks), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                       make_stride(ks, _1{}));
+  };
+  auto gV_at = [&](int n) {
+    return make_tensor(make_gmem_ptr(v_base + int64_t(n) * kBlockN * vs), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                       make_stride(vs, _1{}));
+  };
+
+  typename Kt::GmemTiledCopy gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
+  Tensor tQgQ = gmem_thr_copy.partition_S(gQ);
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);
+  Tensor tVsV = gmem_thr_copy.partition_D(sV);
+  Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);
+
+  auto smem_tiled_copy_Q = make_tiled_copy_A(typename Kt::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_Q = smem_tiled_copy_Q.get_thread_slice(tidx);
+  Tensor tSsQ = smem_thr_copy_Q.partition_S(sQ);
+  auto smem_tiled_copy_K = make_tiled_copy_B(typename Kt::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_K = smem_tiled_copy_K.get_thread_slice(tidx);
+  Tensor tSsK = smem_thr_copy_K.partition_S(sK);
+  auto smem_tiled_copy_V = make_tiled_copy_B(typename Kt::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tidx);
+  Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
+
+  // Score-tile coordinates of this thread's accumulator values (for masking).
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tScS = thr_mma.partition_C(cS);
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+
+  // Prologue: Q and the last K tile (blocks are visited last to first, so only the first
+  // visited block can be partial at the end of the sequence).
+  int n_block = n_end - 1;
+  copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows);
+  copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block)), tKsK, tKVcKV, sb.seqlen_k - n_block * kBlockN);
+  cute::cp_async_fence();
+
+  clear(acc_o);
+  OnlineSoftmaxRow row_state[kRows];
+#pragma unroll
+  for (int mi = 0; mi < kRows; ++mi) row_state[mi].init();
+  const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+
+  for (; n_block >= n_begin; --n_block) {
+    const int n0 = n_block * kBlockN;
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    cute::cp_async_wait<0>();
+    __syncthreads();  // K[n] landed; every warp is done with V[n+1]
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, sb.seqlen_k - n0);
+    cute::cp_async_fence();
+
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+            smem_thr_copy_K);
+
+    Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    if (st.softcap > 0.f) {
+#pragma unroll
+      for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
+    }
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int row = m0 + get<0>(tScS_rc(mi, 0));
+        const int kb = mask.key_begin(row), ke = row < sb.seqlen_q ? mask.key_end(row) : 0;
+#pragma unroll
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+          const int col = n0 + get<1>(tScS_rc(mi, ni));
+          if (col < kb || col >= ke) scores(mi, ni) = -INFINITY;
+        }
+      }
+    }
+
+    cute::cp_async_wait<0>();
+    __syncthreads();  // V[n] landed; every warp is done with K[n]
+    if (n_block > n_begin) {
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block - 1)), tKsK, tKVcKV,
+                sb.seqlen_k - (n_block - 1) * kBlockN);
+      cute::cp_async_fence();
+    }
+
+    // Online softmax in the exp2 domain: one FMA + one exp2 per score.
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
+      mx = quad_allreduce_max(mx);
+      const float factor = row_state[mi].update_max(mx * st.exp2_scale);
+#pragma unroll
+      for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor;
+      const float offset = row_state[mi].exp_offset();
+      float sum = 0.f;
+#pragma unroll
+      for (int ni = 0; ni < size<1>(scores); ++ni) {
+        const float e = exp2f(fmaf(scores(mi, ni), st.exp2_scale, -offset));
+        scores(mi, ni) = e;
+        sum += e;
+      }
+      row_state[mi].l += sum;  // per-thread partial; the quad is reduced once at the end
+    }
+
+    Tensor rP = convert_type<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
+    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+  }
+
+  // Epilogue: O / l, LSE = (m + log2 l) ln 2; empty rows give O = 0, LSE = -inf.
+#pragma unroll
+  for (int mi = 0; mi < kRows; ++mi) {
+    row_state[mi].l = quad_allreduce_sum(row_state[mi].l);
+    const float inv = row_state[mi].inv_sum();
+#pragma unroll
+    for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= inv;
+  }
+  store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, 1.f);
+  if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int row = get<0>(tOcO_rc(mi, 0));
+      if (row < valid_rows) lse_ptr[row] = row_state[mi].lse();
+    }
+  }
+}
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,46 @@
+// Host side of the sm80 path: per-(dtype, head dim) launchers, instantiated one per
+// translation unit by src/sm80/CMakeLists.txt, and the workspace layout of the backward.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/params.h"
+#include "flashattn/flashattn.h"
+
+namespace flashattn::sm80 {
+
+template <typename Element, int kHeadDim>
+flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream);
+
+// Query-block size of the backward (the dQ semaphores are per query block).
+constexpr int kBwdBlockM = 64;
+
+struct BwdWorkspaceLayout {
+  size_t dq_accum = 0;    // offset of the fp32 dQ accumulator
+  size_t dsum = 0;        // offset of D = rowsum(dO * O)
+  size_t semaphores = 0;  // offset of the deterministic-mode counters
+  size_t sem_bytes = 0;
+  size_t total = 0;
+  int num_m_blocks = 0;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
+  BwdWorkspaceLayout l;
+  const flashattn::Shape& s = p.shape;
+  l.num_m_blocks = (s.seqlen_q + kBwdBlockM - 1) / kBwdBlockM;
+  l.dq_accum = 0;
+  l.dsum = align256(size_t(s.total_q) * s.nheads_q * s.headdim * sizeof(float));
+  l.semaphores = l.dsum + align256(size_t(s.total_q) * s.nheads_q * sizeof(float));
+  l.sem_bytes = p.deterministic ? size_t(s.batch) * s.nheads_q * l.num_m_blocks * sizeof(int) : 0;
+  l.total = l.semaphores + align256(l.sem_bytes);
+  return l;
+}
+
+}  // namespace flashattn::sm80

@@ -1,0 +1,133 @@
+// Launchers of the sm80 kernels; included only by the generated per-(dtype, head dim) units.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "api/error.h"
+#include "sm80/bwd_kernel.h"
+#include "sm80/fwd_kernel.h"
+#include "sm80/kernel_traits.h"
+#include "sm80/launch.h"
+
+namespace flashattn::sm80 {
+
+// Tile choice per head dim (FA2's sm80 choices, forward tiles within 99 KB of smem).
+template <typename E, int D>
+struct Config;
+template <typename E>
+struct Config<E, 32> {
+  using Fwd = FwdTraits<E, 32, 128, 128, 4>;
+  using Bwd = BwdTraits<E, 32, kBwdBlockM, 128, 8, 2, 4, 4>;
+};
+template <typename E>
+struct Config<E, 64> {
+  using Fwd = FwdTraits<E, 64, 128, 64, 4>;  // 128 x 128 spills (255 registers) with this code
+  using Bwd = BwdTraits<E, 64, kBwdBlockM, 128, 8, 2, 4, 4>;
+};
+template <typename E>
+struct Config<E, 96> {
+  using Fwd = FwdTraits<E, 96, 128, 64, 4>;
+  using Bwd = BwdTraits<E, 96, kBwdBlockM, 128, 8, 2, 4, 4>;
+};
+template <typename E>
+struct Config<E, 128> {
+  using Fwd = FwdTraits<E, 128, 128, 64, 4>;
+  using Bwd = BwdTraits<E, 128, kBwdBlockM, 128, 8, 2, 4, 2>;
+};
+template <typename E>
+struct Config<E, 192> {
+  using Fwd = FwdTraits<E, 192, 128, 64, 8>;
+  using Bwd = BwdTraits<E, 192, kBwdBlockM, 64, 8, 2, 4, 2>;
+};
+template <typename E>
+struct Config<E, 256> {
+  using Fwd = FwdTraits<E, 256, 64, 64, 4>;
+  using Bwd = BwdTraits<E, 256, kBwdBlockM, 64, 8, 2, 4, 2>;
+};
+
+// Opts the kernel into `smem` bytes of dynamic shared memory if the device allows it.
+template <typename Kernel>
+flashattn_status prepare_smem(Kernel kernel, int smem, const char* what, int headdim) {
+  int dev = 0, optin = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return cuda_failure(e, what);
+  if (smem > optin)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                     "headdim: %d needs %d KB of shared memory per block for the sm80 %s, device %d allows %d KB",
+                     headdim, smem / 1024, what, dev, optin / 1024);
+  if (smem > 48 * 1024) {
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return cuda_failure(e, what);
+  }
+  return FLASHATTN_SUCCESS;
+}
+
+inline flashattn_status check_grid(int batch, int heads) {
+  if (batch > 65535 || heads > 65535)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "batch/nheads: %d/%d exceed the sm80 grid limit of 65535",
+                     batch, heads);
+  return FLASHATTN_SUCCESS;
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  using Kt = typename Config<Element, kHeadDim>::Fwd;
+  auto kernel = fwd_kernel<Kt>;
+  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "forward", kHeadDim);
+  if (s != FLASHATTN_SUCCESS) return s;
+  if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
+  const dim3 grid((p.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.shape.nheads_q, p.shape.batch);
+  if (grid.x == 0) return FLASHATTN_SUCCESS;
+  kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? FLASHATTN_SUCCESS : cuda_failure(e, "sm80 fwd launch");
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream) {
+  using Kt = typename Config<Element, kHeadDim>::Bwd;
+  static_assert(Kt::kBlockM == kBwdBlockM);
+  auto kernel = bwd_kernel<Kt>;
+  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "backward", kHeadDim);
+  if (s != FLASHATTN_SUCCESS) return s;
+  if ((s = check_grid(p.shape.batch, p.shape.nheads_kv)) != FLASHATTN_SUCCESS) return s;
+
+  const BwdWorkspaceLayout l = bwd_workspace_layout(p);
+  char* base = static_cast<char*>(workspace);
+  BwdWorkspace ws;
+  ws.dq_accum = reinterpret_cast<float*>(base + l.dq_accum);
+  ws.dsum = reinterpret_cast<float*>(base + l.dsum);
+  ws.semaphores = p.deterministic ? reinterpret_cast<int*>(base + l.semaphores) : nullptr;
+  ws.num_m_blocks = l.num_m_blocks;
+
+  // The workspace arrives uninitialised: zero the dQ accumulator (and the counters).
+  cudaError_t e = cudaMemsetAsync(ws.dq_accum, 0, l.dsum - l.dq_accum, stream);
+  if (e == cudaSuccess && l.sem_bytes > 0) e = cudaMemsetAsync(ws.semaphores, 0, l.sem_bytes, stream);
+  if (e != cudaSuccess) return cuda_failure(e, "sm80 bwd workspace memset");
+
+  const int64_t rows = int64_t(p.shape.total_q) * p.shape.nheads_q;
+  const int pre_grid = int(std::min<int64_t>((rows + 7) / 8, 1 << 16));
+  if (pre_grid > 0) {
+    bwd_preprocess_kernel<Element><<<pre_grid, 256, 0, stream>>>(p, ws.dsum);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd preprocess launch");
+  }
+
+  const dim3 grid((p.shape.seqlen_k + Kt::kBlockN - 1) / Kt::kBlockN, p.shape.nheads_kv, p.shape.batch);
+  if (grid.x > 0) {
+    kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p, ws);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd launch");
+  }
+
+  const int64_t pairs = rows * (kHeadDim / 2);
+  const int post_grid = int(std::min<int64_t>((pairs + 255) / 256, 1 << 16));
+  if (post_grid > 0) {
+    bwd_postprocess_kernel<Element><<<post_grid, 256, 0, stream>>>(p, ws.dq_accum);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd postprocess launch");
+  }
+  return FLASHATTN_SUCCESS;
+}
+
+}  // namespace flashattn::sm80
