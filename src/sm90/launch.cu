@@ -1,0 +1,137 @@
+// kSm90Backend: the Hopper (sm90a) forward path. The backward is not implemented here; the
+// dispatch falls back to the sm80 path for it. Head dims are instantiated by the generated
+// fwd_hdim<D>_<dtype>.cu files (FLASHATTN_SM90_HDIM_<D> says which exist).
+#include <atomic>
+#include <cstdio>
+
+#include "api/backend.h"
+#include "api/error.h"
+#include "flashattn/flashattn_experimental.h"
+#include "sm90/launch.h"
+
+namespace flashattn {
+namespace sm90 {
+namespace {
+
+std::atomic<int> g_pingpong{1};
+std::atomic<int> g_overlap{1};
+
+#define FA_SM90_FOR_EACH_DTYPE(D)                                                                          \
+  extern template flashattn_status launch_fwd<D, cutlass::half_t>(const FwdParams&, cudaStream_t,          \
+                                                                  const LaunchOptions&);                  \
+  extern template flashattn_status launch_fwd<D, cutlass::bfloat16_t>(const FwdParams&, cudaStream_t,      \
+                                                                      const LaunchOptions&);
+
+}  // namespace
+#if defined(FLASHATTN_SM90_HDIM_64)
+FA_SM90_FOR_EACH_DTYPE(64)
+#endif
+#if defined(FLASHATTN_SM90_HDIM_96)
+FA_SM90_FOR_EACH_DTYPE(96)
+#endif
+#if defined(FLASHATTN_SM90_HDIM_128)
+FA_SM90_FOR_EACH_DTYPE(128)
+#endif
+#if defined(FLASHATTN_SM90_HDIM_192)
+FA_SM90_FOR_EACH_DTYPE(192)
+#endif
+#if defined(FLASHATTN_SM90_HDIM_256)
+FA_SM90_FOR_EACH_DTYPE(256)
+#endif
+
+namespace {
+
+using LaunchFn = flashattn_status (*)(const FwdParams&, cudaStream_t, const LaunchOptions&);
+
+template <int D>
+LaunchFn pick(flashattn_dtype dt) {
+  return dt == FLASHATTN_DTYPE_FP16 ? &launch_fwd<D, cutlass::half_t> : &launch_fwd<D, cutlass::bfloat16_t>;
+}
+
+LaunchFn find_launch(int headdim, flashattn_dtype dt) {
+  switch (headdim) {
+#if defined(FLASHATTN_SM90_HDIM_64)
+    case 64: return pick<64>(dt);
+#endif
+#if defined(FLASHATTN_SM90_HDIM_96)
+    case 96: return pick<96>(dt);
+#endif
+#if defined(FLASHATTN_SM90_HDIM_128)
+    case 128: return pick<128>(dt);
+#endif
+#if defined(FLASHATTN_SM90_HDIM_192)
+    case 192: return pick<192>(dt);
+#endif
+#if defined(FLASHATTN_SM90_HDIM_256)
+    case 256: return pick<256>(dt);
+#endif
+    default: return nullptr;
+  }
+}
+
+const char* fwd_unsupported(const FwdParams& p) {
+  static thread_local char msg[160];
+  if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
+    return "dtype: only fp16 and bf16 are supported by sm90";
+  if (find_launch(p.shape.headdim, p.dtype) == nullptr) {
+    std::snprintf(msg, sizeof(msg), "headdim %d is not compiled for sm90 (compiled: %s)", p.shape.headdim,
+                  FLASHATTN_SM90_HEADDIMS_STR);
+    return msg;
+  }
+  // TMA descriptors need non-zero strides on every dimension that is stepped over
+  // (a broadcast tensor with stride 0 goes to the sm80 path instead).
+  const flashattn::Shape& sh = p.shape;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int rows_q = varlen ? sh.total_q : sh.seqlen_q, rows_k = varlen ? sh.total_k : sh.seqlen_k;
+  struct { const char* name; const RowStrides& st; int rows, heads; } t[] = {
+      {"q", p.q_stride, rows_q, sh.nheads_q}, {"k", p.k_stride, rows_k, sh.nheads_kv},
+      {"v", p.v_stride, rows_k, sh.nheads_kv}, {"out", p.o_stride, rows_q, sh.nheads_q}};
+  for (const auto& x : t) {
+    if ((x.rows > 1 && x.st.row == 0) || (x.heads > 1 && x.st.head == 0) ||
+        (!varlen && sh.batch > 1 && x.st.batch == 0)) {
+      std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", x.name);
+      return msg;
+    }
+  }
+  return nullptr;
+}
+
+size_t fwd_workspace(const FwdParams&) { return 0; }
+
+flashattn_status fwd(const FwdParams& p, void* /*workspace*/, void* stream) {
+  LaunchFn fn = find_launch(p.shape.headdim, p.dtype);
+  if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
+  const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed)};
+  return fn(p, static_cast<cudaStream_t>(stream), opt);
+}
+
+const char* bwd_unsupported(const BwdParams&) {
+  return "backward is not implemented on sm90 (the sm80 path runs it)";
+}
+size_t bwd_workspace(const BwdParams&) { return 0; }
+flashattn_status bwd(const BwdParams& p, void*, void*) {
+  return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", bwd_unsupported(p));
+}
+
+}  // namespace
+}  // namespace sm90
+
+extern const Backend kSm90Backend;
+const Backend kSm90Backend = {
+    FLASHATTN_BACKEND_SM90, /*on_device=*/true, /*min_cc=*/90, /*max_cc=*/90,
+    &sm90::fwd_unsupported, &sm90::fwd_workspace, &sm90::fwd,
+    &sm90::bwd_unsupported, &sm90::bwd_workspace, &sm90::bwd,
+};
+
+}  // namespace flashattn
+
+extern "C" FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpong, int intra_warpgroup_overlap) {
+  if ((pingpong != 0 && pingpong != 1) || (intra_warpgroup_overlap != 0 && intra_warpgroup_overlap != 1))
+    return flashattn::set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                                "flashattn_sm90_set_ablation: pingpong %d, intra_warpgroup_overlap %d (0 or 1)",
+                                pingpong, intra_warpgroup_overlap);
+  flashattn::sm90::g_pingpong.store(pingpong);
+  flashattn::sm90::g_overlap.store(intra_warpgroup_overlap);
+  flashattn::clear_error();
+  return FLASHATTN_SUCCESS;
+}

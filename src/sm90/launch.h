@@ -1,0 +1,79 @@
+// Host side of one (head dim, dtype) instantiation: TMA descriptors, grid, launch.
+// Included by the generated fwd_hdim<D>_<dtype>.cu files, one instantiation each.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "api/error.h"
+#include "common/params.h"
+#include "sm90/kernel.h"
+
+namespace flashattn::sm90 {
+
+struct LaunchOptions {
+  int pingpong;
+  int intra_warpgroup_overlap;
+};
+
+// A dimension of extent 1 is never stepped over, and the API only validates the strides of
+// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
+inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
+
+template <int kHeadDim, class Element>
+flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
+  using namespace cute;
+  using Traits = sm90::Traits<kHeadDim, Element>;
+  using Params = KernelParams<Traits>;
+  const flashattn::Shape& s = f.shape;
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  const int rows_q = varlen ? s.total_q : s.seqlen_q;
+  const int rows_k = varlen ? s.total_k : s.seqlen_k;
+  const int batch = varlen ? 1 : s.batch;
+
+  auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
+    ShapeQKV shape(rows, kHeadDim, heads, batch);
+    StrideQKV stride(tma_stride(rows, st.row), _1{}, tma_stride(heads, st.head), tma_stride(batch, st.batch));
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_layout(shape, stride));
+  };
+  Params p{};
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.q, rows_q, s.nheads_q, f.q_stride), typename Traits::SmemLayoutQ{},
+                          cute::Shape<cute::Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.k, rows_k, s.nheads_kv, f.k_stride),
+                          take<0, 2>(typename Traits::SmemLayoutK{}), cute::Shape<cute::Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.v, rows_k, s.nheads_kv, f.v_stride),
+                          take<0, 2>(typename Traits::SmemLayoutV{}), cute::Shape<cute::Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
+  p.shape_q = ShapeQKV(rows_q, kHeadDim, s.nheads_q, batch);
+  p.shape_k = ShapeQKV(rows_k, kHeadDim, s.nheads_kv, batch);
+  p.fwd = f;
+  p.pingpong = opt.pingpong;
+  p.intra_warpgroup_overlap = opt.intra_warpgroup_overlap;
+
+  const int num_m = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;  // varlen: max_seqlen_q
+  const int64_t tiles = int64_t(num_m) * s.nheads_q * s.batch;
+  if (tiles == 0) return FLASHATTN_SUCCESS;
+  if (tiles > INT32_MAX) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "shape: %lld tiles exceed the sm90 grid", (long long)tiles);
+  const bool masked = f.mask.window_left >= 0 || f.mask.window_right >= 0;
+  p.scheduler = TileScheduler{num_m, s.nheads_q, int(tiles), masked ? 1 : 0};
+
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return cuda_failure(int(err), "sm90 forward: device query");
+  // Unmasked tiles cost the same: persistent, one CTA per SM. Masked tiles differ in length:
+  // one CTA per tile, longest first, and the hardware scheduler balances them.
+  const int grid = masked ? int(tiles) : int(std::min<int64_t>(tiles, sms));
+
+  auto kernel = fwd_kernel<Traits>;
+  static_assert(sizeof(SharedStorage<Traits>) <= 227 * 1024, "tile exceeds the sm90 shared memory per block");
+  const int smem = int(sizeof(SharedStorage<Traits>));
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return cuda_failure(int(err), "sm90 forward: cudaFuncSetAttribute(smem)");
+  kernel<<<grid, Traits::kNumThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return cuda_failure(int(err), "sm90 forward: kernel launch");
+  return FLASHATTN_SUCCESS;
+}
+
+}  // namespace flashattn::sm90

@@ -1,0 +1,106 @@
+// Online softmax over the WGMMA accumulator layout. A warpgroup's 64 x N accumulator gives
+// each thread 2 rows (lane/4 and lane/4 + 8 of its warp's 16) and N/4 columns in pairs, so a
+// row is spread over the 4 threads of a quad: row max/sum = thread-local pass + 2 shuffles.
+// Arithmetic and -inf guards are src/common/softmax.h's: scores in the log2 domain with the
+// scale folded into one FMA before exp2; the running sum stays thread-local until finalize.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/softmax.h"
+
+namespace flashattn::sm90 {
+
+// Accumulator ((2, 2, N/8), MMA_M, MMA_N) -> (rows = (2, MMA_M), cols = (2, N/8, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ auto acc_rowcol(Layout acc) {
+  using namespace cute;
+  static_assert(decltype(rank<0>(acc))::value == 3 && decltype(rank(acc))::value == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// The S accumulator reinterpreted as the A operand of the RS WGMMA (16-bit): each K=16 slice
+// of P is two adjacent N=8 column groups of S, which is exactly the A-register layout.
+template <class Layout>
+__device__ __forceinline__ auto acc_as_a_operand(Layout acc) {
+  using namespace cute;
+  auto l = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(l)), get<1>(acc),
+                     coalesce(make_layout(get<0, 1>(l), get<2>(acc))));
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <int kRows>
+struct WarpgroupSoftmax {
+  OnlineSoftmaxRow row[kRows];
+  ScoreTransform tf;
+
+  __device__ void init(const ScoreTransform& t) {
+    tf = t;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row[r].init();
+  }
+
+  // Softcap before masking, so masked entries stay exactly -inf.
+  template <class TensorS>
+  __device__ void apply_softcap(TensorS& s) const {
+    if (tf.softcap > 0.f) {
+#pragma unroll
+      for (int i = 0; i < cute::size(s); ++i) s(i) = tf.apply(s(i));
+    }
+  }
+
+  // S (rowcol view) -> P = exp2(S * scale - m) in place; scale[r] is what O must be multiplied
+  // by before adding this block's P V.
+  template <class TensorS>
+  __device__ void step(TensorS& s, float (&scale)[kRows]) {
+    static_assert(decltype(cute::size<0>(s))::value == kRows);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < cute::size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
+      mx = quad_max(mx);
+      scale[r] = row[r].update_max(mx * tf.exp2_scale);
+      const float neg_off = -row[r].exp_offset();
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < cute::size<1>(s); ++c) {
+        const float p = exp2f(fmaf(s(r, c), tf.exp2_scale, neg_off));
+        s(r, c) = p;
+        sum += p;
+      }
+      row[r].l += sum;
+    }
+  }
+
+  // Quad-reduce the sums; returns 1/l per row (0 for an empty row) and fills the natural LSE.
+  __device__ void finalize(float (&inv)[kRows], float (&lse)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row[r].l = quad_sum(row[r].l);
+      inv[r] = row[r].inv_sum();
+      lse[r] = row[r].lse();
+    }
+  }
+};
+
+// O (rowcol view) *= scale[row].
+template <int kRows, class TensorO>
+__device__ __forceinline__ void rescale_rows(TensorO& o, const float (&scale)[kRows]) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= scale[r];
+}
+
+}  // namespace flashattn::sm90
