@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""flashattn vs its peers on the same inputs, in the same process.
+
+Peers: torch SDPA's cuDNN, FLASH (FlashAttention-2) and EFFICIENT backends, and FlexAttention
+(compiled). Ours: each compiled GPU path (flashattn-sm90, flashattn-sm80). The default sweep is
+the FlashAttention-3 paper's: 16k total tokens, hidden 2048 (nheads = 2048 / hdim, batch =
+16384 / seqlen), hdim 64/128/256, seqlen 512..16k, causal and not, bf16; modes fwd and fwdbwd,
+plus bwd = fwdbwd - fwd. Timing: CUDA events, warm-up, median of >= 10 iterations (bounded per
+config), a global time budget. A peer that fails is printed as n/a and left out of the JSON;
+the run never stops for it.
+
+FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d (halved when causal), bwd 2.5x, fwdbwd 3.5x.
+
+    python bench/bench_vs_peers.py [--quick] [--hdims 64,128] [--seqlens 512,4096] [--modes fwd]
+                                   [--impls flashattn-sm90,cudnn] [--out FILE | --out-dir DIR]
+Writes bench/results/<gpu>-<yyyymmdd>.json:
+    {"device", "torch", "rows": [{"impl", "mode", "dtype", "hdim", "seqlen", "batch", "nheads",
+                                  "causal", "tflops"}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import flashattn  # noqa: F401  (installed, or on PYTHONPATH)
+except ImportError:  # a source checkout: python/ with FLASHATTN_LIBRARY or a build/ folder
+    sys.path.insert(0, str(ROOT / "python"))
+
+ALL_IMPLS = ["flashattn-sm90", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
+# Measured in this order (peers first: a failing kernel of ours that poisons the CUDA context
+# can't take the peers' numbers with it; flex last: it compiles per shape).
+RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm80", "flex"]
+TOTAL_TOKENS = 16384
+HIDDEN = 2048
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few rows: hdim 128, seqlen 1024 and 8192")
+    p.add_argument("--hdims", default="64,128,256")
+    p.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    p.add_argument("--modes", default="fwd,bwd,fwdbwd", help="bwd is derived: fwdbwd - fwd (needs both timed)")
+    p.add_argument("--causal", default="both", choices=["both", "true", "false"])
+    p.add_argument("--impls", default=",".join(ALL_IMPLS))
+    p.add_argument("--out", default=None, help="JSON path (default: <out-dir>/<gpu>-<yyyymmdd>.json)")
+    p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--min-iters", type=int, default=10)
+    p.add_argument("--max-iters", type=int, default=30)
+    p.add_argument("--target-ms", type=float, default=150.0, help="timed work per measurement (bounds iters)")
+    p.add_argument("--budget-s", type=float, default=330.0, help="stop measuring after this long")
+    p.add_argument("--flex-hdims", default="128",
+                   help="hdims to run FlexAttention at (it compiles per shape: ~10 s each; 64,128,256 for all)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.hdims, a.seqlens = "128", "1024,8192"
+    a.hdims = [int(x) for x in a.hdims.split(",") if x]
+    a.seqlens = [int(x) for x in a.seqlens.split(",") if x]
+    a.modes = [m for m in a.modes.split(",") if m]
+    a.impls = [i for i in a.impls.split(",") if i]
+    a.flex_hdims = [int(x) for x in a.flex_hdims.split(",") if x]
+    for m in a.modes:
+        if m not in FLOP_FACTOR:
+            p.error(f"--modes: unknown mode {m!r} (fwd, bwd, fwdbwd)")
+    for i in a.impls:
+        if i not in ALL_IMPLS:
+            p.error(f"--impls: unknown impl {i!r} ({', '.join(ALL_IMPLS)})")
+    a.causals = {"both": [False, True], "true": [True], "false": [False]}[a.causal]
+    return a
+
+
+def flops(mode, b, h, s, d, causal):
+    f = 4.0 * b * h * s * s * d
+    if causal:
+        f /= 2
+    return f * FLOP_FACTOR[mode]
+
+
+# ---- implementations: each returns callables fwd() and fwdbwd() over the shared inputs ----------
+
+
+class Unavailable(Exception):
+    pass
+
+
+def _sdpa(backend_name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def make(q, k, v, dout, causal):
+        # Our layout is [b, s, h, d]; SDPA takes [b, h, s, d]: the same storage, transposed.
+        qt, kt, vt, dt = (t.transpose(1, 2) for t in (q, k, v, dout))
+
+        def fwd():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+        def fwdbwd():
+            with sdpa_kernel(backend):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            return torch.autograd.grad(o, (q, k, v), dt)
+
+        return fwd, fwdbwd
+
+    return make
+
+
+def _flashattn(backend):
+    import flashattn
+    from flashattn.interface import _flash_attn
+
+    if backend not in flashattn.compiled_backends():
+        raise Unavailable(f"{backend} is not compiled into {flashattn.library_path()}")
+    cc = torch.cuda.get_device_capability()
+    if backend == "sm90" and cc != (9, 0):
+        raise Unavailable(f"sm90 needs compute capability 9.0, this GPU has {cc[0]}.{cc[1]}")
+    if backend == "sm80" and cc < (8, 0):
+        raise Unavailable(f"sm80 needs compute capability 8.0+, this GPU has {cc[0]}.{cc[1]}")
+
+    def make(q, k, v, dout, causal):
+        def fwd():
+            return _flash_attn(q, k, v, causal=causal, backend=backend)
+
+        def fwdbwd():
+            o = _flash_attn(q, k, v, causal=causal, backend=backend)
+            return torch.autograd.grad(o, (q, k, v), dout)
+
+        return fwd, fwdbwd
+
+    return make
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def make(q, k, v, dout, causal):
+        torch._dynamo.reset()  # one compile per shape; keeps clear of the recompile limit
+        compiled = torch.compile(flex_attention, dynamic=False)
+        b, s, h, d = q.shape
+        qt, kt, vt, dt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v, dout))
+        bm = create_block_mask(causal_mask, None, None, s, s, device=q.device) if causal else None
+
+        def fwd():
+            return compiled(qt, kt, vt, block_mask=bm)
+
+        def fwdbwd():
+            o = compiled(qt, kt, vt, block_mask=bm)
+            return torch.autograd.grad(o, (qt, kt, vt), dt)
+
+        return fwd, fwdbwd
+
+    return make
+
+
+def make_impl(name):
+    if name == "cudnn":
+        return _sdpa("CUDNN_ATTENTION")
+    if name == "fa2":
+        return _sdpa("FLASH_ATTENTION")
+    if name == "efficient":
+        return _sdpa("EFFICIENT_ATTENTION")
+    if name == "flex":
+        return _flex()
+    return _flashattn(name.split("-", 1)[1])
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+def time_ms(fn, args):
+    """Median CUDA-event time of fn(): warm-up, then between min and max iterations (target time)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    est = max(start.elapsed_time(end), 1e-3)
+    iters = int(min(args.max_iters, max(args.min_iters, args.target_ms / est)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for s, e in events:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def check_ours(out, q, k, v, causal):
+    """Max abs difference of our forward vs torch's (a sanity check, not the test suite)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+        return (out.float() - ref.float()).abs().max().item()
+    except Exception:  # noqa: BLE001
+        return float("nan")
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+
+def slug(name):
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_vs_peers: no CUDA device; nothing to measure", file=sys.stderr)
+        return 1
+    device = torch.cuda.get_device_name()
+    date = datetime.date.today().strftime("%Y%m%d")
+    out_path = Path(args.out) if args.out else Path(args.out_dir) / f"{slug(device)}-{date}.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import flashattn
+
+        lib = f"flashattn {flashattn.version()} ({flashattn.library_path()}; {','.join(flashattn.compiled_backends())})"
+    except Exception as e:  # noqa: BLE001
+        lib = f"flashattn unavailable: {e}"
+    print(f"device: {device} | torch {torch.__version__} | {lib}")
+    print(f"sweep: hdims {args.hdims}, seqlens {args.seqlens}, causal {args.causals}, modes {args.modes}, "
+          f"impls {args.impls}; budget {args.budget_s:.0f} s")
+
+    configs = []
+    for hdim in args.hdims:
+        for seqlen in args.seqlens:
+            for causal in args.causals:
+                configs.append((hdim, seqlen, max(1, TOTAL_TOKENS // seqlen), HIDDEN // hdim, causal))
+    timed = [m for m in ("fwd", "fwdbwd") if m in args.modes or ("bwd" in args.modes)]
+    results = {}  # (impl, mode, hdim, seqlen, causal) -> tflops or error string
+    rows = []
+    t0 = time.time()
+
+    def save():
+        doc = {"device": device, "torch": torch.__version__, "rows": rows}
+        out_path.write_text(json.dumps(doc, indent=1) + "\n")
+
+    for impl in [i for i in RUN_ORDER if i in args.impls]:
+        try:
+            make = make_impl(impl)
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {e}".splitlines()[0]
+            print(f"[{impl}] unavailable: {why}")
+            for c in configs:
+                for m in args.modes:
+                    results[(impl, m) + (c[0], c[1], c[4])] = why
+            continue
+        for hdim, seqlen, batch, nheads, causal in configs:
+            key = (hdim, seqlen, causal)
+            if time.time() - t0 > args.budget_s:
+                for m in args.modes:
+                    results[(impl, m) + key] = "time budget"
+                print(f"[{impl}] hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: n/a (--budget-s exhausted)")
+                continue
+            if impl == "flex" and hdim not in args.flex_hdims:
+                for m in args.modes:
+                    results[(impl, m) + key] = "skipped (--flex-hdims)"
+                continue
+            torch.manual_seed(0)
+            q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16)
+                             for _ in range(4))
+            for t in (q, k, v):
+                t.requires_grad_()
+            ms = {}
+            try:
+                fns = dict(zip(("fwd", "fwdbwd"), make(q, k, v, dout, causal)))
+                if impl.startswith("flashattn"):
+                    err = check_ours(fns["fwd"](), q, k, v, causal)
+                    if not err <= 0.03:
+                        print(f"[{impl}] WARNING hdim {hdim} seqlen {seqlen} causal {causal}: max |ours - torch| = {err:.3g}")
+                for mode in timed:
+                    try:
+                        ms[mode] = time_ms(fns[mode], args)
+                    except Exception as e:  # noqa: BLE001
+                        ms[mode] = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+            except Exception as e:  # noqa: BLE001
+                why = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+                ms = {m: why for m in timed}
+            if isinstance(ms.get("fwd"), float) and isinstance(ms.get("fwdbwd"), float):
+                ms["bwd"] = ms["fwdbwd"] - ms["fwd"] if ms["fwdbwd"] > ms["fwd"] else "bwd <= 0 (noise)"
+            else:
+                ms["bwd"] = "needs fwd and fwdbwd"
+            for mode in args.modes:
+                t = ms.get(mode, "not timed")
+                if isinstance(t, float):
+                    tf = flops(mode, batch, nheads, seqlen, hdim, causal) / (t * 1e-3) / 1e12
+                    results[(impl, mode) + key] = tf
+                    rows.append({"impl": impl, "mode": mode, "dtype": "bf16", "hdim": hdim, "seqlen": seqlen,
+                                 "batch": batch, "nheads": nheads, "causal": causal, "tflops": round(tf, 2)})
+                else:
+                    results[(impl, mode) + key] = t
+            shown = "  ".join(f"{m} {results[(impl, m) + key]:.1f}" if isinstance(results[(impl, m) + key], float)
+                              else f"{m} n/a" for m in args.modes)
+            print(f"[{impl}] hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: {shown} TFLOP/s"
+                  f"  ({time.time() - t0:.0f} s)", flush=True)
+            errs = {m: results[(impl, m) + key] for m in timed if not isinstance(results[(impl, m) + key], float)}
+            for m, e in errs.items():
+                print(f"    {m} n/a: {e}")
+            del q, k, v, dout, fns
+            save()
+        torch.cuda.empty_cache()
+
+    save()
+    print_table(args, configs, results)
+    print(f"\nwrote {out_path} ({len(rows)} rows) in {time.time() - t0:.0f} s")
+    return 0
+
+
+def print_table(args, configs, results):
+    impls = [i for i in ALL_IMPLS if i in args.impls]
+    ours = [i for i in impls if i.startswith("flashattn")]
+    short = {"flashattn-sm90": "sm90", "flashattn-sm80": "sm80", "efficient": "effic"}
+    for mode in args.modes:
+        print(f"\n== {mode} (TFLOP/s, bf16; ratio = ours / peer)")
+        head = f"{'causal':>6} {'hdim':>4} {'seqlen':>6} " + " ".join(f"{short.get(i, i):>7}" for i in impls)
+        ratios = [(o, p) for o in ours for p in ("cudnn", "fa2") if p in impls]
+        head += " " + " ".join(f"{short.get(o, o) + '/' + p:>10}" for o, p in ratios)
+        print(head)
+        for hdim, seqlen, batch, nheads, causal in configs:
+            key = (hdim, seqlen, causal)
+            vals = [results.get((i, mode) + key) for i in impls]
+            line = f"{int(causal):>6} {hdim:>4} {seqlen:>6} " + " ".join(
+                f"{v:7.1f}" if isinstance(v, float) else f"{'n/a':>7}" for v in vals)
+            for o, p in ratios:
+                a, b = results.get((o, mode) + key), results.get((p, mode) + key)
+                line += " " + (f"{a / b:10.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0
+                               else f"{'n/a':>10}")
+            print(line)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # noqa: BLE001 - leave a trace instead of a bare crash
+        traceback.print_exc()
+        sys.exit(1)

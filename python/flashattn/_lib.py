@@ -1,0 +1,275 @@
+"""ctypes binding of the flashattn C ABI (include/flashattn/flashattn.h).
+
+Nothing here needs torch: the library is a plain C shared object, so one build serves every
+torch version. The structs below mirror the header field by field; `load()` checks their
+sizes against the library's own `struct_size` so a header/library mismatch fails loudly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+# ---- enums (flashattn.h) ------------------------------------------------------------------
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_NOT_SUPPORTED = 2
+ERROR_NO_DEVICE = 3
+ERROR_CUDA = 4
+ERROR_WORKSPACE = 5
+ERROR_INTERNAL = 6
+
+DTYPE_FP16 = 1
+DTYPE_BF16 = 2
+DTYPE_FP32 = 3
+DTYPE_FP64 = 4
+
+BACKEND_AUTO = 0
+BACKEND_REFERENCE = 1
+BACKEND_CPU = 2
+BACKEND_SM80 = 3
+BACKEND_SM90 = 4
+
+BACKENDS = {
+    "auto": BACKEND_AUTO,
+    "reference": BACKEND_REFERENCE,
+    "cpu": BACKEND_CPU,
+    "sm80": BACKEND_SM80,
+    "sm90": BACKEND_SM90,
+}
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),
+    ]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("dropout_p", ctypes.c_float),
+        ("deterministic", ctypes.c_int32),
+        ("backend", ctypes.c_int),  # C enum
+        ("device", ctypes.c_int32),
+    ]
+
+
+class Varlen(ctypes.Structure):
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("batch", ctypes.c_int32),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+    ]
+
+
+class FwdParams(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_int),
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("lse", ctypes.c_void_p),
+        ("options", Options),
+        ("varlen", Varlen),
+    ]
+
+
+class BwdParams(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_int),
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("dout", Tensor),
+        ("lse", ctypes.c_void_p),
+        ("dq", Tensor),
+        ("dk", Tensor),
+        ("dv", Tensor),
+        ("options", Options),
+        ("varlen", Varlen),
+    ]
+
+
+class DeviceInfo(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int32),
+        ("cc_major", ctypes.c_int32),
+        ("cc_minor", ctypes.c_int32),
+        ("multiprocessors", ctypes.c_int32),
+        ("fwd_backend", ctypes.c_int),
+        ("bwd_backend", ctypes.c_int),
+        ("name", ctypes.c_char * 128),
+    ]
+
+
+class FlashAttnError(RuntimeError):
+    """A failing flashattn call that is neither an invalid argument nor an unsupported option."""
+
+
+_LIB = None
+_LIB_PATH = None
+
+
+def _candidates():
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        # An explicit choice: no silent fallback to another build.
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    names = ["libflashattn.so", "libflashattn.dylib", "flashattn.dll"]
+    found = [here / n for n in names]
+    found += sorted(here.glob("libflashattn.so.*"))
+    # Running from a source checkout (PYTHONPATH=python): the usual CMake build folders.
+    root = here.parent.parent
+    if (root / "CMakeLists.txt").exists():
+        for build in ["build", "build-gpu", "build-cpu", "build-py"]:
+            found.append(root / build / "libflashattn.so")
+    return found
+
+
+def load():
+    """The loaded library (ctypes.CDLL), loading it on first use."""
+    global _LIB, _LIB_PATH
+    if _LIB is not None:
+        return _LIB
+    tried = []
+    for path in _candidates():
+        if not path.exists():
+            tried.append(f"{path} (missing)")
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:  # pragma: no cover - depends on the machine
+            tried.append(f"{path} ({e})")
+            continue
+        _declare(lib)
+        _check_abi(lib, path)
+        _LIB, _LIB_PATH = lib, str(path)
+        return lib
+    raise ImportError(
+        "flashattn: cannot load libflashattn. Install the package with `pip install .`, or set "
+        "FLASHATTN_LIBRARY=/path/to/libflashattn.so (e.g. a CMake build folder). Tried: "
+        + "; ".join(tried)
+    )
+
+
+def library_path():
+    load()
+    return _LIB_PATH
+
+
+def _declare(lib):
+    c = ctypes
+    lib.flashattn_fwd_params_init.restype = FwdParams
+    lib.flashattn_fwd_params_init.argtypes = []
+    lib.flashattn_bwd_params_init.restype = BwdParams
+    lib.flashattn_bwd_params_init.argtypes = []
+    lib.flashattn_fwd_workspace_size.restype = c.c_int
+    lib.flashattn_fwd_workspace_size.argtypes = [c.POINTER(FwdParams), c.POINTER(c.c_size_t)]
+    lib.flashattn_bwd_workspace_size.restype = c.c_int
+    lib.flashattn_bwd_workspace_size.argtypes = [c.POINTER(BwdParams), c.POINTER(c.c_size_t)]
+    lib.flashattn_fwd.restype = c.c_int
+    lib.flashattn_fwd.argtypes = [c.POINTER(FwdParams), c.c_void_p, c.c_size_t, c.c_void_p]
+    lib.flashattn_bwd.restype = c.c_int
+    lib.flashattn_bwd.argtypes = [c.POINTER(BwdParams), c.c_void_p, c.c_size_t, c.c_void_p]
+    for name in ["flashattn_last_error", "flashattn_version"]:
+        getattr(lib, name).restype = c.c_char_p
+        getattr(lib, name).argtypes = []
+    lib.flashattn_status_string.restype = c.c_char_p
+    lib.flashattn_status_string.argtypes = [c.c_int]
+    lib.flashattn_backend_name.restype = c.c_char_p
+    lib.flashattn_backend_name.argtypes = [c.c_int]
+    lib.flashattn_compiled_backends.restype = c.c_uint32
+    lib.flashattn_compiled_backends.argtypes = []
+    lib.flashattn_device_capability.restype = c.c_int
+    lib.flashattn_device_capability.argtypes = [c.c_int32, c.POINTER(DeviceInfo)]
+    if hasattr(lib, "flashattn_sm90_set_ablation"):
+        lib.flashattn_sm90_set_ablation.restype = c.c_int
+        lib.flashattn_sm90_set_ablation.argtypes = [c.c_int, c.c_int]
+
+
+def _check_abi(lib, path):
+    for init, struct in [(lib.flashattn_fwd_params_init, FwdParams), (lib.flashattn_bwd_params_init, BwdParams)]:
+        got = init().struct_size
+        if got != ctypes.sizeof(struct):
+            raise ImportError(
+                f"flashattn: {path} reports sizeof({struct.__name__}) = {got}, the Python binding "
+                f"expects {ctypes.sizeof(struct)}: the library and the package are from different versions"
+            )
+
+
+def last_error():
+    return (load().flashattn_last_error() or b"").decode(errors="replace")
+
+
+def status_string(status):
+    return (load().flashattn_status_string(status) or b"").decode(errors="replace")
+
+
+def raise_for_status(status, what):
+    """Turns a flashattn_status into the matching Python exception, with the C message."""
+    if status == SUCCESS:
+        return
+    msg = f"flashattn {what}: {last_error() or status_string(status)}"
+    if status == ERROR_INVALID_ARGUMENT:
+        raise ValueError(msg)
+    if status == ERROR_NOT_SUPPORTED:
+        raise NotImplementedError(msg)
+    raise FlashAttnError(f"{msg} [{status_string(status)}]")
+
+
+def version():
+    return load().flashattn_version().decode()
+
+
+def compiled_backends():
+    """Names of the backends compiled into the loaded library."""
+    mask = load().flashattn_compiled_backends()
+    return [name for name, i in BACKENDS.items() if i != BACKEND_AUTO and mask & (1 << i)]
+
+
+def backend_id(backend):
+    if isinstance(backend, int):
+        return backend
+    try:
+        return BACKENDS[str(backend).lower()]
+    except KeyError:
+        raise ValueError(f"backend: {backend!r} is not one of {sorted(BACKENDS)}") from None
+
+
+def device_info(device=0):
+    """Capability of CUDA device `device` as a dict (raises when there is none)."""
+    info = DeviceInfo()
+    raise_for_status(load().flashattn_device_capability(int(device), ctypes.byref(info)), "device_capability")
+    lib = load()
+    return {
+        "device": info.device,
+        "compute_capability": (info.cc_major, info.cc_minor),
+        "multiprocessors": info.multiprocessors,
+        "fwd_backend": lib.flashattn_backend_name(info.fwd_backend).decode(),
+        "bwd_backend": lib.flashattn_backend_name(info.bwd_backend).decode(),
+        "name": info.name.decode(errors="replace"),
+    }
+
+
+def sm90_set_ablation(pingpong=1, intra_warpgroup_overlap=1):
+    """Experimental sm90 forward ablation switches (flashattn_experimental.h)."""
+    lib = load()
+    if not hasattr(lib, "flashattn_sm90_set_ablation"):
+        raise NotImplementedError("flashattn: this library has no flashattn_sm90_set_ablation")
+    raise_for_status(lib.flashattn_sm90_set_ablation(int(pingpong), int(intra_warpgroup_overlap)), "sm90_set_ablation")
+

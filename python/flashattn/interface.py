@@ -1,0 +1,216 @@
+"""Drop-in for flash_attn 2.x's Python API (flash_attn.flash_attn_interface).
+
+Same function names, argument names, defaults and return values; tensors are
+[batch, seqlen, nheads, headdim] (varlen: packed [total, nheads, headdim]). CPU tensors run the
+host path, CUDA tensors the fastest GPU path compiled for their device, on torch's current
+stream. Options this library does not implement (dropout, ALiBi, paged KV) raise
+NotImplementedError naming the option; they are never ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _lib
+from . import _ops  # noqa: F401  (registers torch.ops.flashattn.*)
+
+_CUDA_DTYPES = (torch.float16, torch.bfloat16)
+_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _not_implemented(dropout_p, alibi_slopes, block_table=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"flashattn: dropout_p={dropout_p}: dropout is not implemented (use dropout_p=0.0, e.g. in eval mode)")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flashattn: alibi_slopes: ALiBi is not implemented (pass alibi_slopes=None)")
+    if block_table is not None:
+        raise NotImplementedError("flashattn: block_table: paged KV cache is not implemented (pass block_table=None)")
+
+
+def _check_window(window_size):
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"flashattn: window_size must be a pair (left, right), got {window_size!r}") from None
+    if not isinstance(left, int) or not isinstance(right, int) or left < -1 or right < -1:
+        raise ValueError(f"flashattn: window_size {window_size!r}: each side must be an int >= -1 (-1 = unbounded)")
+    return left, right
+
+
+def _check_inputs(q, k, v, packed_ndim):
+    names = ("q", "k", "v")
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"flashattn: q, k, v must be on the same device (got q: {q.device}, k: {k.device}, v: {v.device})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"flashattn: q, k, v must have the same dtype (got q: {q.dtype}, k: {k.dtype}, v: {v.dtype})")
+    if q.device.type == "cuda":
+        if q.dtype not in _CUDA_DTYPES:
+            if q.dtype in _CPU_DTYPES:
+                raise NotImplementedError(
+                    f"flashattn: dtype {q.dtype} on CUDA is not supported (CUDA paths: float16, bfloat16)")
+            raise ValueError(f"flashattn: dtype {q.dtype} is not supported (float16, bfloat16)")
+    elif q.device.type == "cpu":
+        if q.dtype not in _CPU_DTYPES:
+            raise ValueError(f"flashattn: dtype {q.dtype} is not supported (float16, bfloat16, float32, float64)")
+    else:
+        raise ValueError(f"flashattn: q is on device {q.device}; only CPU and CUDA tensors are supported")
+    layout = "[batch, seqlen, nheads, headdim]" if packed_ndim == 4 else "[total, nheads, headdim]"
+    for name, t in zip(names, (q, k, v)):
+        if t.dim() != packed_ndim:
+            raise ValueError(f"flashattn: {name} must be {packed_ndim}-D {layout}, got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, v: {tuple(v.shape)})")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"flashattn: q and k must have the same head dim (got q: {q.shape[-1]}, k: {k.shape[-1]})")
+    hq, hk = q.shape[-2], k.shape[-2]
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"flashattn: the number of heads in q ({hq}) must be a multiple of that in k, v ({hk})")
+    if packed_ndim == 4 and q.shape[0] != k.shape[0]:
+        raise ValueError(f"flashattn: q and k must have the same batch size (got q: {q.shape[0]}, k: {k.shape[0]})")
+
+
+def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.device != q.device:
+            raise ValueError(f"flashattn: {name} must be on the same device as q (got {cu.device}, q: {q.device})")
+        if cu.dtype != torch.int32:
+            raise ValueError(f"flashattn: {name} must be int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"flashattn: {name} must be 1-D with batch_size + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"flashattn: cu_seqlens_q and cu_seqlens_k must have the same length (batch_size + 1), "
+            f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+
+
+def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
+                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                deterministic=False, return_attn_probs=False, block_table=None, backend="auto"):
+    """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90."""
+    _not_implemented(dropout_p, alibi_slopes, block_table)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    _check_inputs(q, k, v, 3 if varlen else 4)
+    if varlen:
+        _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+        max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    window_left, window_right = _check_window(window_size)
+    if causal:
+        window_right = 0  # as flash_attn: causal is the window's right edge at the diagonal
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    if softcap is None:
+        softcap = 0.0
+    if softcap < 0:
+        raise ValueError(f"flashattn: softcap={softcap} must be >= 0 (0 = off)")
+    out, lse = torch.ops.flashattn.fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
+        window_left, window_right, float(softcap), bool(deterministic), _lib.backend_id(backend))
+    if return_attn_probs:
+        # flash_attn returns S_dmask only with dropout, which is not implemented: None.
+        return out, lse, None
+    return out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim).
+
+    nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
+    (left, right) restricts query i to keys [i + sk - sq - left, i + sk - sq + right]; softcap > 0
+    applies softcap * tanh(S / softcap). Returns out (batch, seqlen_q, nheads, headdim), or
+    (out, softmax_lse (batch, nheads, seqlen_q), None) with return_attn_probs=True.
+    """
+    return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                       deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv: (batch, seqlen, 3, nheads, headdim). Returns as flash_attn_func."""
+    _check_packed(qkv, "qkv", 5, 2, 3)
+    q, k, v = qkv.unbind(dim=2)
+    return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                       deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
+    _check_packed(kv, "kv", 5, 2, 2)
+    k, v = kv.unbind(dim=2)
+    return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                       deterministic=deterministic, return_attn_probs=return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
+
+    Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Returns out (total_q, nheads,
+    headdim), or (out, softmax_lse (nheads, total_q), None) with return_attn_probs=True.
+    """
+    return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
+                       softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                       alibi_slopes=alibi_slopes, deterministic=deterministic,
+                       return_attn_probs=return_attn_probs, block_table=block_table)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,)."""
+    _check_packed(qkv, "qkv", 4, 1, 3)
+    q, k, v = qkv.unbind(dim=1)
+    return _flash_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
+                       softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                       alibi_slopes=alibi_slopes, deterministic=deterministic,
+                       return_attn_probs=return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
+    _check_packed(kv, "kv", 4, 1, 2)
+    k, v = kv.unbind(dim=1)
+    return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
+                       softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                       alibi_slopes=alibi_slopes, deterministic=deterministic,
+                       return_attn_probs=return_attn_probs)
+
+
+def _check_packed(t, name, ndim, dim, n):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim or t.shape[dim] != n:
+        want = {("qkv", 5): "(batch, seqlen, 3, nheads, headdim)", ("kv", 5): "(batch, seqlen, 2, nheads_k, headdim)",
+                ("qkv", 4): "(total, 3, nheads, headdim)", ("kv", 4): "(total, 2, nheads_k, headdim)"}[(name, ndim)]
+        raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+# ---- private entry points for benchmarks and tests ---------------------------------------------
+
+
+def _bench_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto"):
+    """One forward on a chosen backend ("sm90", "sm80", "cpu", ...): (out, lse)."""
+    out, lse, _ = _flash_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, return_attn_probs=True,
+                              backend=backend)
+    return out, lse
+
+
+def _bench_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, deterministic=False, backend="auto"):
+    """One backward on a chosen backend: (dq, dk, dv)."""
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)
+    return torch.ops.flashattn.bwd(dout, q, k, v, out, lse, None, None, 0, 0, float(softmax_scale), bool(causal),
+                                   -1, 0 if causal else -1, 0.0, bool(deterministic), _lib.backend_id(backend))
