@@ -146,11 +146,12 @@ TEST(MaskPolicy, TileNeedsMaskIsConservative) {
       for (int i = row0; i < row0 + bm && !masked; ++i)
         for (int j = col0; j < col0 + bn && !masked; ++j)
           masked = !header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
-      if (masked)
+      if (masked) {
         ASSERT_TRUE(m.tile_needs_mask(row0, bm, col0, bn))
             << str(mc) << " tile rows [" << row0 << "," << row0 + bm << ") cols [" << col0 << "," << col0 + bn << ")";
-      else
+      } else {
         EXPECT_FALSE(m.tile_needs_mask(row0, bm, col0, bn)) << "a clean tile is masked: " << str(mc);
+      }
     }
   }
 }
@@ -164,8 +165,12 @@ TEST(MaskPolicy, InteriorTilesSkipMasking) {
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < 4; ++c) {
       EXPECT_FALSE(none.tile_needs_mask(r * 64, 64, c * 64, 64));
-      if (c < r) EXPECT_FALSE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
-      if (c == r) EXPECT_TRUE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
+      if (c < r) {
+        EXPECT_FALSE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
+      }
+      if (c == r) {
+        EXPECT_TRUE(causal.tile_needs_mask(r * 64, 64, c * 64, 64));
+      }
       clean += c <= r && !causal.tile_needs_mask(r * 64, 64, c * 64, 64);
     }
   EXPECT_EQ(clean, 6);
@@ -280,7 +285,7 @@ TEST_P(CpuGrid, MatchesOracle) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, CpuGrid, ::testing::ValuesIn(grid()),
-                         [](const ::testing::TestParamInfo<GridCase>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<GridCase>& pi) { return pi.param.name; });
 
 // Random small problems over every option at once, fresh each run.
 TEST(CpuRandom, SmallProblemsAllOptions) {

@@ -436,7 +436,9 @@ TEST(HalfConvert, RoundTripAndRounding) {
       ASSERT_EQ(float_to_half(f), h) << h;
     }
     const float g = bf16_to_float(uint16_t(h));
-    if (!std::isnan(g)) ASSERT_EQ(float_to_bf16(g), h) << h;
+    if (!std::isnan(g)) {
+      ASSERT_EQ(float_to_bf16(g), h) << h;
+    }
   }
   // Round to nearest even, overflow, subnormals.
   EXPECT_EQ(half_to_float(float_to_half(1.f + std::ldexp(1.f, -11))), 1.f);  // tie -> even
