@@ -6,7 +6,7 @@ Peers: torch SDPA's cuDNN, FLASH (FlashAttention-2) and EFFICIENT backends, and 
 the FlashAttention-3 paper's: 16k total tokens, hidden 2048 (nheads = 2048 / hdim, batch =
 16384 / seqlen), hdim 64/128/256, seqlen 512..16k, causal and not, bf16; modes fwd and fwdbwd,
 plus bwd = fwdbwd - fwd. Timing: CUDA events, warm-up, median of >= 10 iterations (bounded per
-config), a global time budget. A peer that fails is printed as n/a and left out of the JSON;
+config), a global time budget; fwd runs under no_grad (inference), fwdbwd with autograd. A peer that fails is printed as n/a and left out of the JSON;
 the run never stops for it.
 
 FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d (halved when causal), bwd 2.5x, fwdbwd 3.5x.
@@ -39,8 +39,8 @@ except ImportError:  # a source checkout: python/ with FLASHATTN_LIBRARY or a bu
     sys.path.insert(0, str(ROOT / "python"))
 
 ALL_IMPLS = ["flashattn-sm90", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
-# Measured in this order (peers first: a failing kernel of ours that poisons the CUDA context
-# can't take the peers' numbers with it; flex last: it compiles per shape).
+# Measured in this order within each row (peers first: a failing kernel of ours that poisons the
+# CUDA context can't take that row's peer numbers with it; flex last: it compiles per shape).
 RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm80", "flex"]
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
@@ -204,6 +204,11 @@ def time_ms(fn, args):
     return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
+def _no_grad_call(fn):
+    with torch.no_grad():
+        return fn()
+
+
 def check_ours(out, q, k, v, causal):
     """Max abs difference of our forward vs torch's (a sanity check, not the test suite)."""
     try:
@@ -257,18 +262,27 @@ def main(argv=None):
         doc = {"device": device, "torch": torch.__version__, "rows": rows}
         out_path.write_text(json.dumps(doc, indent=1) + "\n")
 
+    makers = {}
     for impl in [i for i in RUN_ORDER if i in args.impls]:
         try:
-            make = make_impl(impl)
+            makers[impl] = make_impl(impl)
         except Exception as e:  # noqa: BLE001
             why = f"{type(e).__name__}: {e}".splitlines()[0]
             print(f"[{impl}] unavailable: {why}")
             for c in configs:
                 for m in args.modes:
                     results[(impl, m) + (c[0], c[1], c[4])] = why
-            continue
-        for hdim, seqlen, batch, nheads, causal in configs:
-            key = (hdim, seqlen, causal)
+
+    # Configs outer, implementations inner: every implementation of a row is measured within
+    # seconds of the others, so clock and thermal drift over the run do not bias the ratios.
+    for hdim, seqlen, batch, nheads, causal in configs:
+        key = (hdim, seqlen, causal)
+        torch.manual_seed(0)
+        q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16)
+                         for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_()
+        for impl, make in makers.items():
             if time.time() - t0 > args.budget_s:
                 for m in args.modes:
                     results[(impl, m) + key] = "time budget"
@@ -278,14 +292,12 @@ def main(argv=None):
                 for m in args.modes:
                     results[(impl, m) + key] = "skipped (--flex-hdims)"
                 continue
-            torch.manual_seed(0)
-            q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16)
-                             for _ in range(4))
-            for t in (q, k, v):
-                t.requires_grad_()
             ms = {}
             try:
                 fns = dict(zip(("fwd", "fwdbwd"), make(q, k, v, dout, causal)))
+                fwd_fn = fns["fwd"]
+                # Forward alone is timed as inference (no autograd graph), for every implementation.
+                fns["fwd"] = lambda f=fwd_fn: _no_grad_call(f)
                 if impl.startswith("flashattn"):
                     err = check_ours(fns["fwd"](), q, k, v, causal)
                     if not err <= 0.03:
@@ -318,8 +330,9 @@ def main(argv=None):
             errs = {m: results[(impl, m) + key] for m in timed if not isinstance(results[(impl, m) + key], float)}
             for m, e in errs.items():
                 print(f"    {m} n/a: {e}")
-            del q, k, v, dout, fns
+            fns = None
             save()
+        del q, k, v, dout
         torch.cuda.empty_cache()
 
     save()

@@ -68,7 +68,8 @@ def _usable(t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "cuda":
         vec = _DEVICE_ALIGN // t.element_size()
         if t.data_ptr() % _DEVICE_ALIGN != 0:
-            return t.contiguous()
+            # contiguous() would return a contiguous-but-misaligned view itself: copy.
+            return t.clone(memory_format=torch.contiguous_format)
         for size, stride in zip(t.shape[:-1], t.stride()[:-1]):
             if size > 1 and stride % vec != 0:
                 return t.contiguous()
@@ -201,8 +202,7 @@ def _lse_shape(q, varlen):
 # ---- the ops ---------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("flashattn::fwd", mutates_args=())
-def fwd(
+def _fwd_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -248,7 +248,6 @@ def fwd(
     return out, lse
 
 
-@fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
               window_right, softcap, deterministic, backend):
     varlen = cu_seqlens_q is not None
@@ -257,8 +256,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     return out, lse
 
 
-@torch.library.custom_op("flashattn::bwd", mutates_args=())
-def bwd(
+def _bwd_impl(
     dout: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -311,13 +309,28 @@ def bwd(
     return dq, dk, dv
 
 
-@bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               window_left, window_right, softcap, deterministic, backend):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-# ---- autograd ----------------------------------------------------------------------------------
+# ---- registration ------------------------------------------------------------------------------
+# The custom ops are what torch.compile traces (with the fake kernels) and what
+# torch.ops.flashattn.* exposes. Eager calls skip the custom-op wrapper, whose argument handling
+# costs ~50-100 us a call (more than the kernel at short sequence lengths), and go straight to
+# the same implementations through a plain autograd.Function (interface.py picks).
+
+fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
+fwd.register_fake(_fwd_fake)
+bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
+bwd.register_fake(_bwd_fake)
+
+_BACKEND_SM90 = _lib.backend_id("sm90")
+
+
+def _bwd_backend(backend):
+    """The backward of a forward-only backend (sm90 has no backward yet) runs on the automatic choice."""
+    return _lib.backend_id("auto") if backend == _BACKEND_SM90 else backend
 
 
 def _setup_context(ctx, inputs, output):
@@ -326,7 +339,7 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
-                deterministic, backend)
+                deterministic, _bwd_backend(backend))
     # No gradient flows through the LSE (as in flash_attn): say so instead of ignoring one.
     ctx.mark_non_differentiable(lse)
 
@@ -338,3 +351,28 @@ def _backward(ctx, dout, dlse):
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager-mode twin of flashattn::fwd + its autograd formula, without the custom-op wrapper."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _fwd_impl(*inputs)
+        _setup_context(ctx, inputs, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+        return (dq, dk, dv) + (None,) * 11
+
+
+def attention(*inputs):
+    """(out, lse) with autograd: the custom op while torch.compile traces, the direct path in eager."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashattn.fwd(*inputs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3]):
+        return _EagerAttention.apply(*inputs)
+    return _fwd_impl(*inputs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _lib
-from . import _ops  # noqa: F401  (registers torch.ops.flashattn.*)
+from . import _ops  # also registers torch.ops.flashattn.*
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -108,7 +108,7 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
         softcap = 0.0
     if softcap < 0:
         raise ValueError(f"flashattn: softcap={softcap} must be >= 0 (0 = off)")
-    out, lse = torch.ops.flashattn.fwd(
+    out, lse = _ops.attention(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
         window_left, window_right, float(softcap), bool(deterministic), _lib.backend_id(backend))
     if return_attn_probs:
