@@ -39,8 +39,7 @@ except ImportError:  # a source checkout: python/ with FLASHATTN_LIBRARY or a bu
     sys.path.insert(0, str(ROOT / "python"))
 
 ALL_IMPLS = ["flashattn-sm90", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
-# Measured in this order within each row (peers first: a failing kernel of ours that poisons the
-# CUDA context can't take that row's peer numbers with it; flex last: it compiles per shape).
+# Within a row, peers and ours alternate going first (main() says why); flex runs in a pass of its own.
 RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm80", "flex"]
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
@@ -274,23 +273,31 @@ def main(argv=None):
                     results[(impl, m) + (c[0], c[1], c[4])] = why
 
     # Configs outer, implementations inner: every implementation of a row is measured within
-    # seconds of the others, so clock and thermal drift over the run do not bias the ratios.
-    for hdim, seqlen, batch, nheads, causal in configs:
+    # seconds of the others, so clock and thermal drift over the run do not bias the ratios;
+    # the order alternates row by row (peers first, then ours first). FlexAttention goes in a
+    # pass of its own at the end: its compiles keep the host CPU busy, which would slow the
+    # host-bound short-sequence calls of whoever runs next.
+    eager = [i for i in makers if i != "flex"]
+    passes = [(c, eager[::-1] if n % 2 else eager) for n, c in enumerate(configs)]
+    passes += [(c, ["flex"]) for c in configs if "flex" in makers and c[0] in args.flex_hdims]
+    for impl in ["flex"] if "flex" in makers else []:
+        for c in configs:
+            if c[0] not in args.flex_hdims:
+                for m in args.modes:
+                    results[(impl, m) + (c[0], c[1], c[4])] = "skipped (--flex-hdims)"
+    for (hdim, seqlen, batch, nheads, causal), impls in passes:
         key = (hdim, seqlen, causal)
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16)
                          for _ in range(4))
         for t in (q, k, v):
             t.requires_grad_()
-        for impl, make in makers.items():
+        for impl in impls:
+            make = makers[impl]
             if time.time() - t0 > args.budget_s:
                 for m in args.modes:
                     results[(impl, m) + key] = "time budget"
                 print(f"[{impl}] hdim {hdim:3d} seqlen {seqlen:5d} causal {int(causal)}: n/a (--budget-s exhausted)")
-                continue
-            if impl == "flex" and hdim not in args.flex_hdims:
-                for m in args.modes:
-                    results[(impl, m) + key] = "skipped (--flex-hdims)"
                 continue
             ms = {}
             try:

@@ -45,6 +45,35 @@ def main():
     print(f"host time per call, {dev}, tiny problem (1x16x1x64):")
     for name, fn in rows:
         print(f"  {name:32s} {per_call_us(fn, a.iters, sync):8.1f} us")
+    if dev == "cuda":
+        enqueue_vs_kernel()
+
+
+def enqueue_vs_kernel():
+    """Short-sequence bench shapes: host time to enqueue one call (no sync) vs GPU time per call."""
+    from flashattn.interface import _flash_attn
+    print("enqueue (host) vs GPU time per call, bench shapes (b = 16384/seqlen, h = 2048/d), no_grad:")
+    for d, s, causal in ((128, 512, True), (128, 512, False), (128, 2048, True), (64, 1024, True)):
+        q, k, v = (torch.randn(16384 // s, s, 2048 // d, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for backend in ("sm90", "sm80"):
+            fn = lambda: _flash_attn(q, k, v, causal=causal, backend=backend)  # noqa: E731
+            with torch.no_grad():
+                fn()
+                torch.cuda.synchronize()
+                n = 50
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                host = (time.perf_counter() - t) / n * 1e6
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(n):
+                    fn()
+                e1.record()
+                e1.synchronize()
+                gpu = e0.elapsed_time(e1) / n * 1e3
+            print(f"  d{d} s{s} causal={int(causal)} {backend}: enqueue {host:7.1f} us, back-to-back {gpu:7.1f} us/call")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ struct SharedStorage {
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> smem_k;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
   typename Pipelines<Traits>::SharedStorage pipes;
+  TileQueue::SharedStorage tiles;
 };
 
 template <class Traits>
@@ -48,6 +49,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   auto pipe_q = P::template make<typename P::Q>(ss.pipes.q, Traits::kBytesQ);
   auto pipe_k = P::template make<typename P::KV>(ss.pipes.k, Traits::kBytesKV);
   auto pipe_v = P::template make<typename P::KV>(ss.pipes.v, Traits::kBytesKV);
+  TileQueue::init(ss.tiles, Traits::kNumMmaThreads);
   __syncthreads();  // barriers initialized before anyone waits on them
 
   if (wg == 0) {
@@ -65,7 +67,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   ML mainloop;  // carries the pipeline read state across tiles
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
-  for (int tile = p.scheduler.first(); tile < p.scheduler.num_tiles; tile = p.scheduler.next(tile)) {
+  const bool dynamic = p.scheduler.counter != nullptr;
+  for (int k = 0, tile; (tile = dynamic ? TileQueue::pop(ss.tiles, k) : p.scheduler.static_tile(k)) <
+                        p.scheduler.num_tiles;
+       ++k) {
     const TileCoord t = p.scheduler.coord(tile);
     const TileWork w = make_tile_work<Traits>(p.fwd, t);
     if (!w.has_rows) continue;

@@ -96,12 +96,13 @@ const char* fwd_unsupported(const FwdParams& p) {
   return nullptr;
 }
 
-size_t fwd_workspace(const FwdParams&) { return 0; }
+size_t fwd_workspace(const FwdParams& p) { return fwd_workspace_bytes(p); }
 
-flashattn_status fwd(const FwdParams& p, void* /*workspace*/, void* stream) {
+flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   LaunchFn fn = find_launch(p.shape.headdim, p.dtype);
   if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
-  const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed)};
+  const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed),
+                          workspace};
   return fn(p, static_cast<cudaStream_t>(stream), opt);
 }
 

@@ -15,7 +15,20 @@ namespace flashattn::sm90 {
 struct LaunchOptions {
   int pingpong;
   int intra_warpgroup_overlap;
+  void* workspace;  // fwd_workspace_bytes(): the dynamic scheduler's tile counter, or null
 };
+
+// Masked problems (causal / local) have tiles of unequal length. Up to kDynamicMaxSeqlenK keys
+// a tile is short enough that a per-tile CTA launch and cold start cost 2-20% (measured,
+// docs/perf-notes.md): a persistent grid with the dynamic schedule wins. Beyond it, one CTA
+// per tile on the hardware block scheduler measured ~1% faster (the dynamic producer loop
+// spills). Each needs one counter of workspace.
+constexpr int kDynamicMaxSeqlenK = 4096;
+inline bool masked_problem(const FwdParams& f) { return f.mask.window_left >= 0 || f.mask.window_right >= 0; }
+inline bool dynamic_schedule(const FwdParams& f) {
+  return masked_problem(f) && f.shape.seqlen_k <= kDynamicMaxSeqlenK;
+}
+inline size_t fwd_workspace_bytes(const FwdParams& f) { return dynamic_schedule(f) ? 16 : 0; }
 
 // A dimension of extent 1 is never stepped over, and the API only validates the strides of
 // dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
@@ -54,16 +67,21 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   const int64_t tiles = int64_t(num_m) * s.nheads_q * s.batch;
   if (tiles == 0) return FLASHATTN_SUCCESS;
   if (tiles > INT32_MAX) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "shape: %lld tiles exceed the sm90 grid", (long long)tiles);
-  const bool masked = f.mask.window_left >= 0 || f.mask.window_right >= 0;
-  p.scheduler = TileScheduler{num_m, s.nheads_q, int(tiles), masked ? 1 : 0};
+  const bool masked = masked_problem(f), dynamic = dynamic_schedule(f);
+  if (dynamic && opt.workspace == nullptr)
+    return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm90 causal/local forward needs %zu bytes",
+                     fwd_workspace_bytes(f));
+  int* counter = dynamic ? static_cast<int*>(opt.workspace) : nullptr;
+  p.scheduler = TileScheduler{num_m, s.nheads_q, int(tiles), masked ? 1 : 0, counter};
 
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return cuda_failure(int(err), "sm90 forward: device query");
-  // Unmasked tiles cost the same: persistent, one CTA per SM. Masked tiles differ in length:
-  // one CTA per tile, longest first, and the hardware scheduler balances them.
-  const int grid = masked ? int(tiles) : int(std::min<int64_t>(tiles, sms));
+  if (counter != nullptr && (err = cudaMemsetAsync(counter, 0, sizeof(int), stream)) != cudaSuccess)
+    return cuda_failure(int(err), "sm90 forward: tile counter reset");
+  // Persistent (one CTA per SM, tile_scheduler.h), except long masked problems: one CTA per tile.
+  const int grid = masked && !dynamic ? int(tiles) : int(std::min<int64_t>(tiles, sms));
 
   auto kernel = fwd_kernel<Traits>;
   static_assert(sizeof(SharedStorage<Traits>) <= 227 * 1024, "tile exceeds the sm90 shared memory per block");
