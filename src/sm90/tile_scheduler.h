@@ -58,7 +58,7 @@ struct TileScheduler {
 // Producer -> consumers hand-off of tile indices: a 2-slot smem ring with a full/empty
 // mbarrier pair per slot. The k-th push and the k-th pop use slot k % 2 and wait for the
 // barrier completion of parity (k / 2) % 2 (the empty one a lap behind). Stateless apart from
-// k, so it costs the producer's 24 registers nothing.
+// k (the producer's spills come from the atomic in next<true>, not from here).
 struct TileQueue {
   static constexpr int kSlots = 2;
   using Bar = cutlass::arch::ClusterBarrier;
