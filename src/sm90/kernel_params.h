@@ -27,6 +27,12 @@ struct TmaTypes {
   using KV = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutK{}),
       cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
+  using OutTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{},
+                                               StrideQKV{}));
+  // One consumer warpgroup's 64 x head-dim slice of O.
+  using O = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_STORE{}, OutTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutO{}),
+      cute::Shape<cute::_64, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
 };
 
 template <class Traits>
@@ -34,7 +40,8 @@ struct KernelParams {
   typename TmaTypes<Traits>::Q tma_q;
   typename TmaTypes<Traits>::KV tma_k;
   typename TmaTypes<Traits>::KV tma_v;
-  ShapeQKV shape_q;
+  typename TmaTypes<Traits>::O tma_o;
+  ShapeQKV shape_q;  // also O's
   ShapeQKV shape_k;
   FwdParams fwd;  // o, lse, strides, cu_seqlens, mask options
   TileScheduler scheduler;

@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
 
 #include "common/mask.h"
 #include "sm90/kernel_params.h"
@@ -40,16 +39,6 @@ __device__ __forceinline__ void gemm_async(TiledMma& mma, TA const& a, TB const&
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
   if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-}
-
-// fp32 accumulator -> fp16/bf16 fragment of the same register order (packed conversions).
-template <class TS, class TP>
-__device__ __forceinline__ void convert_fragment(TS const& s, TP& p) {
-  using To = typename TP::value_type;
-  constexpr int N = decltype(cute::size(s))::value;
-  static_assert(N == decltype(cute::size(p))::value);
-  cutlass::NumericArrayConverter<To, float, N> cvt;
-  *reinterpret_cast<cutlass::Array<To, N>*>(p.data()) = cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(s.data()));
 }
 
 // -inf outside [key_begin(i), key_end(i)); key_end <= seqlen_k, so keys past the end (TMA

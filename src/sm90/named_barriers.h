@@ -16,7 +16,11 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-enum : uint32_t { kBarrierPingpongBase = 1 };  // ids 1 .. kNumMmaWG
+enum : uint32_t {
+  kBarrierPingpongBase = 1,  // ids 1 .. 3: one per consumer warpgroup
+  kBarrierEpilogueBase = 4,  // ids 4 .. 6: a consumer warpgroup's O staging (epilogue.h)
+  kBarrierVConsumed = 7,     // all consumer warpgroups: their last P V GEMM has read V
+};
 
 // The turn order between the consumer warpgroups. Every warpgroup runs the same number of
 // sync/arrive sections per tile (one per key block), so the turns stay balanced across tiles;

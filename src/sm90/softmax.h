@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
 
 #include "common/softmax.h"
 
@@ -28,6 +29,16 @@ __device__ __forceinline__ auto acc_as_a_operand(Layout acc) {
   auto l = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
   return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(l)), get<1>(acc),
                      coalesce(make_layout(get<0, 1>(l), get<2>(acc))));
+}
+
+// fp32 accumulator -> fp16/bf16 fragment of the same register order (packed conversions).
+template <class TS, class TP>
+__device__ __forceinline__ void convert_fragment(TS const& s, TP& p) {
+  using To = typename TP::value_type;
+  constexpr int N = decltype(cute::size(s))::value;
+  static_assert(N == decltype(cute::size(p))::value);
+  cutlass::NumericArrayConverter<To, float, N> cvt;
+  *reinterpret_cast<cutlass::Array<To, N>*>(p.data()) = cvt(*reinterpret_cast<cutlass::Array<float, N> const*>(s.data()));
 }
 
 __device__ __forceinline__ float quad_max(float x) {

@@ -70,6 +70,22 @@ struct Traits {
 
   static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
+
+  // O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
+  // a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
+  using SmemLayoutO = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kNumMmaWG>>{}));
+  // The same bytes as the (kBlockM, head dim) tile that the PV accumulator partitions.
+  using SmemLayoutOTile = decltype(cute::composition(
+      SmemLayoutO{},
+      cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kHeadDim>>{},
+                        cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kHeadDim>>, cute::_64>{})));
+  static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
+  // hdim 192/256: Q + 2 stages of K and V leave no room for O, so O reuses V's bytes (as FA3
+  // does); the producer then waits for the previous tile's O store before loading V.
+  static constexpr bool kSmemOAliasesV =
+      kBytesQ + 2 * kStages * kBytesKV + kBytesO + 1024 > 227 * 1024;
+  static_assert(!kSmemOAliasesV || kBytesO <= kStages * kBytesKV, "O must fit in V's stages");
 };
 
 }  // namespace flashattn::sm90

@@ -311,6 +311,13 @@ std::vector<GridCase> grid_cases() {
     v.push_back({"varlen_causal_gqa", c});
   }
   {
+    Case c = base(256, F16, 1, 64, 64, 2, 1);
+    c.seqlens_q = {200, 65, 130, 1};  // 64-row slices that end past their sequence
+    c.seqlens_k = {150, 300, 64, 7};
+    c.causal = true;
+    v.push_back({"varlen_hdim256_causal", c});
+  }
+  {
     Case c = base(32, B16, 1, 64, 64, 2, 1);
     c.seqlens_q = {65, 1, 190};
     c.seqlens_k = {65, 77, 190};

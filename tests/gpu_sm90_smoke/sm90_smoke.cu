@@ -321,6 +321,15 @@ int main(int argc, char** argv) {
       {"d128 bf16 varlen q(1,203,799) k(7,1023,113) causal", 128, BF, 0, 0, 0, 4, 2, 1, -1, -1, 0.f,
        {1, 203, 799}, {7, 1023, 113}},
       {"d64 fp16 varlen q(113,0,1023) k(1023,5,0)", 64, FP, 0, 0, 0, 2, 2, 0, -1, -1, 0.f, {113, 0, 1023}, {1023, 5, 0}},
+      // More tiles than SMs: CTAs run several tiles, so the O staging buffer is reused (and, at
+      // hdim 192/256 where it shares V's bytes, the producer waits for each O store).
+      {"d256 bf16 b4 h8/2 1100x1100 (persistent)", 256, BF, 4, 1100, 1100, 8, 2, 0, -1, -1, 0.f, {}, {}},
+      {"d192 bf16 b3 h8/4 1500x1500 causal (dynamic)", 192, BF, 3, 1500, 1500, 8, 4, 1, -1, -1, 0.f, {}, {}},
+      {"d256 fp16 varlen q(700,129,1000,333) k(900,129,64,333) causal", 256, FP, 0, 0, 0, 8, 8, 1, -1, -1, 0.f,
+       {700, 129, 1000, 333}, {900, 129, 64, 333}},
+      {"d128 bf16 varlen q(1000,65,700,1) k(300,65,1300,9) h32/8", 128, BF, 0, 0, 0, 32, 8, 0, -1, -1, 0.f,
+       {1000, 65, 700, 1}, {300, 65, 1300, 9}},
+      {"d64 bf16 b8 h16/16 777x777 window(200,0)", 64, BF, 8, 777, 777, 16, 16, 0, 200, 0, 0.f, {}, {}},
   };
   int failed = 0;
   for (const Case& c : cases) failed += run(c) ? 0 : 1;
