@@ -3,12 +3,16 @@
 //   flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim 128]
 //                   [--seqlen 4096] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16]
 //                   [--iters 10] [--sweep] [--json FILE]
+//                   [--no-pingpong] [--no-overlap] [--ablation]
 //
 // FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d, halved when causal; bwd 2.5x fwd;
 // fwdbwd 3.5x fwd. GPU timing: CUDA events around each call after warm-up, median of >= 10
 // runs; inputs are random (never zeros) and much larger than L2 in the sweep, so no rotation.
 // --sweep is the FlashAttention-3 paper's: 16k total tokens, hidden 2048 (nheads = 2048/hdim,
 // batch = 16384/seqlen), hdim 64/128/256, seqlen 512..16k, causal and not.
+// sm90 forward ablation (FA3 paper, Table 2): --no-pingpong / --no-overlap turn off the
+// pingpong schedule between consumer warpgroups / the intra-warpgroup softmax-GEMM overlap;
+// --ablation times all four combinations per shape (impl names say which is off).
 // Without CUDA (or with --backend cpu) it times the CPU path on a couple of small shapes and
 // checks it against the reference path (the "CPU demo").
 #include <algorithm>
@@ -26,6 +30,7 @@
 #endif
 
 #include "flashattn/flashattn.h"
+#include "flashattn/flashattn_experimental.h"
 
 namespace {
 
@@ -33,6 +38,7 @@ struct Config {
   std::string backend = "auto", mode = "fwd", dtype = "bf16", json;
   int hdim = 128, seqlen = 4096, batch = 0, nheads = 0, iters = 10;
   bool causal = false, sweep = false;
+  bool pingpong = true, overlap = true, ablation = false;  // sm90 forward switches
 };
 
 struct Row {
@@ -46,7 +52,7 @@ struct Row {
   std::fprintf(stderr,
                "%s\nusage: flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim D]\n"
                "       [--seqlen S] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16] [--iters N]\n"
-               "       [--sweep] [--json FILE]\n",
+               "       [--sweep] [--json FILE] [--no-pingpong] [--no-overlap] [--ablation]\n",
                why);
   std::exit(2);
 }
@@ -70,10 +76,15 @@ Config parse(int argc, char** argv) {
     else if (a == "--iters") c.iters = std::max(10, std::atoi(val().c_str()));
     else if (a == "--causal") c.causal = true;
     else if (a == "--sweep") c.sweep = true;
+    else if (a == "--no-pingpong") c.pingpong = false;
+    else if (a == "--no-overlap") c.overlap = false;
+    else if (a == "--ablation") c.ablation = true;
     else if (a == "-h" || a == "--help") usage("flashattn-bench: TFLOP/s of flashattn");
     else usage(("unknown argument " + a).c_str());
   }
   if (c.mode != "fwd" && c.mode != "bwd" && c.mode != "fwdbwd") usage("--mode: fwd, bwd or fwdbwd");
+  if ((c.ablation || !c.pingpong || !c.overlap) && (c.backend != "sm90" || c.mode != "fwd"))
+    usage("--no-pingpong, --no-overlap and --ablation apply to --backend sm90 --mode fwd");
   if (c.dtype != "bf16" && c.dtype != "fp16") usage("--dtype: bf16 or fp16");
   if (c.backend != "sm80" && c.backend != "sm90" && c.backend != "auto" && c.backend != "cpu")
     usage("--backend: sm80, sm90, auto or cpu");
@@ -295,6 +306,10 @@ int main(int argc, char** argv) {
   int ndev = 0;
   gpu = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0 && c.backend != "cpu";
 #endif
+  if (!gpu && (c.ablation || !c.pingpong || !c.overlap)) {
+    std::fprintf(stderr, "--no-pingpong, --no-overlap and --ablation need a GPU with the sm90 path\n");
+    return 2;
+  }
   if (!gpu && c.backend != "cpu") {
     std::printf("no CUDA device (or a build without CUDA): running the CPU demo\n");
     c.backend = "cpu";
@@ -318,23 +333,38 @@ int main(int argc, char** argv) {
     shapes.push_back({b, h, c.seqlen, c.hdim, c.causal});
   }
   const std::string impl = impl_name(c.backend);
+  struct Variant {
+    bool pingpong, overlap;
+  };
+  std::vector<Variant> variants = {{c.pingpong, c.overlap}};
+  if (c.ablation) variants = {{true, true}, {false, true}, {true, false}, {false, false}};
+  auto variant_name = [&](const Variant& v) {
+    return impl + (v.pingpong ? "" : "-no-pingpong") + (v.overlap ? "" : "-no-overlap");
+  };
   std::vector<Row> rows;
   bool all_ok = true;
-  std::printf("%-16s %-7s %-5s %5s %7s %6s %6s %6s %10s %9s\n", "impl", "mode", "dtype", "hdim", "seqlen", "batch",
+  std::printf("%-40s %-7s %-5s %5s %7s %6s %6s %6s %10s %9s\n", "impl", "mode", "dtype", "hdim", "seqlen", "batch",
               "nheads", "causal", "ms", "TFLOP/s");
   for (const Shape& sh : shapes) {
-    Row r{impl, c.mode, c.backend == "cpu" ? "fp32" : c.dtype, sh.d, sh.s, sh.b, sh.h, sh.causal, 0, 0};
-    bool ok = false;
+    for (const Variant& var : variants) {
+      Row r{variant_name(var), c.mode, c.backend == "cpu" ? "fp32" : c.dtype, sh.d, sh.s, sh.b, sh.h, sh.causal, 0, 0};
+      if (c.backend == "sm90" && flashattn_sm90_set_ablation(var.pingpong, var.overlap) != FLASHATTN_SUCCESS) {
+        std::fprintf(stderr, "  %s\n", flashattn_last_error());
+        all_ok = false;
+        continue;
+      }
+      bool ok = false;
 #if defined(FLASHATTN_BENCH_CUDA)
-    if (c.backend != "cpu") ok = bench_gpu(c, sh.b, sh.h, sh.s, sh.d, sh.causal, &r);
+      if (c.backend != "cpu") ok = bench_gpu(c, sh.b, sh.h, sh.s, sh.d, sh.causal, &r);
 #endif
-    if (c.backend == "cpu") ok = bench_cpu(c, sh.b, sh.h, sh.s, sh.d, sh.causal, &r);
-    all_ok = all_ok && ok;
-    if (!ok) continue;
-    std::printf("%-16s %-7s %-5s %5d %7d %6d %6d %6d %10.3f %9.3f\n", r.impl.c_str(), r.mode.c_str(), r.dtype.c_str(),
-                r.hdim, r.seqlen, r.batch, r.nheads, int(r.causal), r.ms, r.tflops);
-    std::fflush(stdout);
-    rows.push_back(r);
+      if (c.backend == "cpu") ok = bench_cpu(c, sh.b, sh.h, sh.s, sh.d, sh.causal, &r);
+      all_ok = all_ok && ok;
+      if (!ok) continue;
+      std::printf("%-40s %-7s %-5s %5d %7d %6d %6d %6d %10.3f %9.3f\n", r.impl.c_str(), r.mode.c_str(), r.dtype.c_str(),
+                  r.hdim, r.seqlen, r.batch, r.nheads, int(r.causal), r.ms, r.tflops);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
   }
   if (!c.json.empty()) {
     FILE* fp = std::fopen(c.json.c_str(), "w");

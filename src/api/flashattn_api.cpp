@@ -153,3 +153,11 @@ flashattn_status flashattn_device_capability(int32_t device, flashattn_device_in
 }
 
 }  // extern "C"
+
+#if !defined(FLASHATTN_HAS_SM90)
+// The experimental sm90 switches exist in every build, so tools link against any of them.
+#include "flashattn/flashattn_experimental.h"
+extern "C" flashattn_status flashattn_sm90_set_ablation(int, int) {
+  return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "flashattn_sm90_set_ablation: this build has no sm90 path");
+}
+#endif
