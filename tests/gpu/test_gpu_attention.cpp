@@ -394,7 +394,12 @@ void run_and_check(const GpuParam& prm, bool deterministic) {
     EXPECT_TRUE(check_fwd(p, exact, standard));
     if (backward) EXPECT_TRUE(check_bwd(p, exact, standard));
   }
-  if (!bwd_skipped.empty()) GTEST_SKIP() << "forward checked; " << bwd_skipped;
+  // A backend without a backward (sm90 is forward-only; the dispatch runs the backward on sm80)
+  // still passes on its forward: the check above ran in full. Say so rather than "skipped".
+  if (!bwd_skipped.empty()) {
+    std::printf("[   NOTE   ] forward checked; no backward on this backend: %s\n", bwd_skipped.c_str());
+    ::testing::Test::RecordProperty("backward", "not on this backend");
+  }
 }
 
 class GpuAttention : public ::testing::TestWithParam<GpuParam> {};
@@ -468,8 +473,8 @@ TEST_P(GpuDeterminism, BackwardIsBitwiseReproducible) {
   EXPECT_TRUE(check_bwd(p, exact, standard));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, GpuDeterminism,
-                         ::testing::Values(FLASHATTN_BACKEND_SM80, FLASHATTN_BACKEND_SM90),
+// sm90 is forward-only (its backward runs on sm80), so only sm80 has a backward to test here.
+INSTANTIATE_TEST_SUITE_P(Backends, GpuDeterminism, ::testing::Values(FLASHATTN_BACKEND_SM80),
                          [](const ::testing::TestParamInfo<flashattn_backend>& i) {
                            return std::string(flashattn_backend_name(i.param));
                          });
