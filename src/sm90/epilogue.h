@@ -1,18 +1,16 @@
 // Epilogue of one tile: O *= 1/l, LSE, and O to global memory through shared memory with a
 // TMA store (FA3 Algorithm 1, last lines). Per consumer warpgroup, independently of the others:
-//   1. its previous store has finished reading its smem slice (or, when O shares V's bytes,
-//      every warpgroup's last P V GEMM has read V);
+//   1. its previous store has finished reading its smem slice;
 //   2. registers -> smem (stmatrix, swizzled like Q), fence to the async proxy, barrier;
 //   3. one thread issues the TMA store of the 64 x d slice; TMA clips rows >= seqlen_q.
-// A varlen tile whose slice runs past its sequence would clobber the next sequence's rows
-// (the TMA tensor is the packed one), so that slice is stored straight from registers with a
-// row bound check, as are tiles with no keys (O = 0, LSE = -inf).
-// When O shares V's bytes, the storing thread waits for the store's reads and arrives on
-// `o_stored`; the producer waits there before it loads the next tile's V.
+// Stored straight from registers with a row bound check instead: a varlen slice that runs past
+// its sequence (the TMA tensor is the packed one: it would clobber the next sequence's rows),
+// tiles with no keys (O = 0, LSE = -inf), and hdim 192/256, which have no smem for O
+// (tile_shapes.h says why).
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/barrier.h>  // fence_view_async_shared
 
 #include "sm90/kernel_params.h"
 #include "sm90/named_barriers.h"
@@ -24,11 +22,10 @@ template <class Traits>
 struct Epilogue {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim;
-  static constexpr bool kAliasV = Traits::kSmemOAliasesV;
 
   template <class TensorO, class Softmax>
-  __device__ static void store(const KernelParams<Traits>& kp, Element* smem_o, uint64_t* o_stored,
-                               const TileCoord& t, const TileWork& w, TensorO& tOrO, Softmax& sm, int mma_tidx) {
+  __device__ static void store(const KernelParams<Traits>& kp, Element* smem_o, const TileCoord& t, const TileWork& w,
+                               TensorO& tOrO, Softmax& sm, int mma_tidx) {
     using namespace cute;
     const FwdParams& p = kp.fwd;
     constexpr int kRows = sizeof(sm.row) / sizeof(sm.row[0]);
@@ -49,46 +46,15 @@ struct Epilogue {
       }
     }
 
-    const int wg = mma_tidx / 128;
-    const bool leader = mma_tidx % 128 == 0;
-    const bool loaded = !w.empty();  // the producer loaded K/V for this tile (and counts it)
-    const int slice_row0 = row0 + wg * 64;
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    const bool use_tma = loaded && (!varlen || slice_row0 + 64 <= w.seq.seqlen_q);
-
-    if constexpr (kAliasV) {
-      if (loaded) named_barrier_sync(kBarrierVConsumed, Traits::kNumMmaThreads);
-    } else if (use_tma) {
-      if (leader) tma_store_wait<0>();  // this warpgroup's previous store has read its slice
-      named_barrier_sync(kBarrierEpilogueBase + wg, 128);
-    }
-
-    if (use_tma) {
-      Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutOTile{});  // (kBlockM, d)
-      auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-      auto thr = r2s.get_thread_slice(mma_tidx);
-      Tensor tOrOe = make_tensor_like<Element>(tOrO);
-      convert_fragment(tOrO, tOrOe);
-      copy(r2s, thr.retile_S(tOrOe), thr.partition_D(sO));
-      cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to TMA
-      named_barrier_sync(kBarrierEpilogueBase + wg, 128);
-      if (leader) {
-        const int b = varlen ? 0 : t.batch;
-        Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);
-        Tensor gO = local_tile(domain_offset(make_coord(int32_t(w.seq.q_offset), _0{}), mO(_, _, t.head, b)),
-                               cute::Shape<_64, Int<kD>>{}, make_coord(t.m_block * Traits::kNumMmaWG + wg, _0{}));
-        Tensor sOwg = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, wg);
-        auto tO = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
-        copy(kp.tma_o, get<1>(tO), get<0>(tO));
-        tma_store_arrive();
-        if constexpr (kAliasV) tma_store_wait<0>();  // V's bytes are free again
+    if constexpr (Traits::kTmaStoreO) {
+      const int wg = mma_tidx / 128;
+      const bool varlen = p.cu_seqlens_q != nullptr;
+      if (!w.empty() && (!varlen || row0 + wg * 64 + 64 <= w.seq.seqlen_q)) {
+        store_tma(kp, smem_o, t, w, tOrO, mma_tidx);
+        return;
       }
-    } else {
-      store_direct(p, t, w, o, cO, row0);
     }
-    if constexpr (kAliasV) {
-      if (loaded && leader) cutlass::arch::ClusterBarrier::arrive(o_stored);
-    }
+    store_direct(p, t, w, o, cO, row0);
   }
 
   // Before the CTA exits: smem must outlive the reads of the last TMA store.
@@ -97,6 +63,36 @@ struct Epilogue {
   }
 
  private:
+  template <class TensorO>
+  __device__ static void store_tma(const KernelParams<Traits>& kp, Element* smem_o, const TileCoord& t,
+                                   const TileWork& w, TensorO& tOrO, int mma_tidx) {
+    using namespace cute;
+    const int wg = mma_tidx / 128;
+    const bool leader = mma_tidx % 128 == 0;
+    typename Traits::TiledMmaPV mma_pv;
+    if (leader) tma_store_wait<0>();  // this warpgroup's previous store has read its slice
+    named_barrier_sync(kBarrierEpilogueBase + wg, 128);
+
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutOTile{});  // (kBlockM, d)
+    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto thr = r2s.get_thread_slice(mma_tidx);
+    Tensor tOrOe = make_tensor_like<Element>(tOrO);
+    convert_fragment(tOrO, tOrOe);
+    copy(r2s, thr.retile_S(tOrOe), thr.partition_D(sO));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to TMA
+    named_barrier_sync(kBarrierEpilogueBase + wg, 128);
+    if (leader) {
+      const int b = kp.fwd.cu_seqlens_q != nullptr ? 0 : t.batch;
+      Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);
+      Tensor gO = local_tile(domain_offset(make_coord(int32_t(w.seq.q_offset), _0{}), mO(_, _, t.head, b)),
+                             cute::Shape<_64, Int<kD>>{}, make_coord(t.m_block * Traits::kNumMmaWG + wg, _0{}));
+      Tensor sOwg = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, wg);
+      auto tO = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+      copy(kp.tma_o, get<1>(tO), get<0>(tO));
+      tma_store_arrive();
+    }
+  }
+
   // Each quad writes 16 contiguous bytes of a row per column group; rows >= seqlen_q are skipped.
   template <class TensorO, class TensorC>
   __device__ static void store_direct(const FwdParams& p, const TileCoord& t, const TileWork& w, TensorO& o,

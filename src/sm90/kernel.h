@@ -23,31 +23,25 @@ namespace flashattn::sm90 {
 
 // 1024-byte alignment: the 128B-swizzle atom repeats every 8 rows x 128 bytes, and both TMA
 // and the WGMMA descriptors assume swizzle phase 0 at the start of each buffer.
-template <class Traits, bool kAliasV = Traits::kSmemOAliasesV>
-struct SmemVO {
-  using Element = typename Traits::Element;
-  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
-  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutO>, 1024> smem_o;
-  __device__ Element* o() { return smem_o.data(); }
+template <class Traits, bool kStaged = Traits::kTmaStoreO>
+struct SmemO {  // O's staging buffer for the TMA store (epilogue.h)
+  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutO>, 1024> smem_o;
+  __device__ typename Traits::Element* o() { return smem_o.data(); }
 };
 template <class Traits>
-struct SmemVO<Traits, true> {  // O is staged in V's bytes (tile_shapes.h)
-  using Element = typename Traits::Element;
-  union {
-    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
-    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutO>, 1024> smem_o;
-  };
-  __device__ Element* o() { return smem_o.data(); }
+struct SmemO<Traits, false> {  // hdim 192/256: O goes from registers to global memory
+  __device__ typename Traits::Element* o() { return nullptr; }
 };
 
 template <class Traits>
-struct SharedStorage : SmemVO<Traits> {
+struct SharedStorage {
   using Element = typename Traits::Element;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> smem_q;
   cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> smem_k;
+  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
+  SmemO<Traits> out;
   typename Pipelines<Traits>::SharedStorage pipes;
   TileQueue::SharedStorage tiles;
-  uint64_t o_stored;  // mbarrier: a tile's O has left V's bytes (only when O aliases V)
 };
 
 template <class Traits>
@@ -68,7 +62,6 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   auto pipe_k = P::template make<typename P::KV>(ss.pipes.k, Traits::kBytesKV);
   auto pipe_v = P::template make<typename P::KV>(ss.pipes.v, Traits::kBytesKV);
   TileQueue::init(ss.tiles, Traits::kNumMmaThreads);
-  if (threadIdx.x == 0) cutlass::arch::ClusterBarrier::init(&ss.o_stored, Traits::kNumMmaWG);
   __syncthreads();  // barriers initialized before anyone waits on them
 
   if (wg == 0) {
@@ -98,7 +91,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
     typename ML::Softmax sm;
     sm.init(tf);
     if (!w.empty()) mainloop.run(ss, pipe_q, pipe_k, pipe_v, w, t.m_block, tOrO, sm, ping, overlap, mma_tidx);
-    Epilogue<Traits>::store(p, ss.o(), &ss.o_stored, t, w, tOrO, sm, mma_tidx);
+    Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
   }
   Epilogue<Traits>::finish(mma_tidx);
 }

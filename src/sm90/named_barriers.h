@@ -19,7 +19,6 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 enum : uint32_t {
   kBarrierPingpongBase = 1,  // ids 1 .. 3: one per consumer warpgroup
   kBarrierEpilogueBase = 4,  // ids 4 .. 6: a consumer warpgroup's O staging (epilogue.h)
-  kBarrierVConsumed = 7,     // all consumer warpgroups: their last P V GEMM has read V
 };
 
 // The turn order between the consumer warpgroups. Every warpgroup runs the same number of

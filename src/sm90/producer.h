@@ -49,7 +49,6 @@ struct Producer {
     // full stage, so the pick happens near the end of the consumers' current tile) and handed
     // to the consumers. Static: the consumers know the sequence themselves.
     int k = 0;
-    uint32_t tiles_loaded = 0;  // tiles with loads: the consumers store O for each (epilogue.h)
     for (int tile = p.scheduler.first(); tile < p.scheduler.num_tiles; tile = p.scheduler.next<kDynamic>(tile), ++k) {
       if constexpr (kDynamic) TileQueue::push(ss.tiles, k, tile);
       const TileCoord t = p.scheduler.coord(tile);
@@ -81,13 +80,7 @@ struct Producer {
         pipe_k.producer_acquire(s);
         copy(p.tma_k.with(*pipe_k.producer_get_barrier(s), 0, Hint::EVICT_LAST), tKgK(_, n), tKsK(_, s.index()));
       };
-      // O aliasing V: the previous loaded tile's O must have left V's bytes first.
-      bool wait_o_stored = Traits::kSmemOAliasesV && tiles_loaded > 0;
       auto load_v = [&](int n, const typename P::KVState& s) {
-        if (wait_o_stored) {
-          cutlass::arch::ClusterBarrier::wait(&ss.o_stored, (tiles_loaded - 1) & 1);
-          wait_o_stored = false;
-        }
         pipe_v.producer_acquire(s);
         copy(p.tma_v.with(*pipe_v.producer_get_barrier(s), 0, Hint::EVICT_LAST), tVgV(_, n), tVsV(_, s.index()));
       };
@@ -106,7 +99,6 @@ struct Producer {
       }
       load_v(w.n_begin, kv_state);
       ++kv_state;
-      ++tiles_loaded;
     }
     if constexpr (kDynamic) TileQueue::push(ss.tiles, k, p.scheduler.num_tiles);  // tells the consumers to stop
   }

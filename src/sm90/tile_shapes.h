@@ -73,6 +73,9 @@ struct Traits {
 
   // O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
   // a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
+  // Only where it fits beside Q and 2 stages of K and V (hdim <= 128). At hdim 192/256 FA3
+  // stages O in V's bytes; that measured 6-11% slower here than storing O from registers
+  // (same-run A/B, docs/perf-notes.md v5), so those head dims store from registers.
   using SmemLayoutO = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kNumMmaWG>>{}));
   // The same bytes as the (kBlockM, head dim) tile that the PV accumulator partitions.
@@ -83,9 +86,7 @@ struct Traits {
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
   // hdim 192/256: Q + 2 stages of K and V leave no room for O, so O reuses V's bytes (as FA3
   // does); the producer then waits for the previous tile's O store before loading V.
-  static constexpr bool kSmemOAliasesV =
-      kBytesQ + 2 * kStages * kBytesKV + kBytesO + 1024 > 227 * 1024;
-  static_assert(!kSmemOAliasesV || kBytesO <= kStages * kBytesKV, "O must fit in V's stages");
+  static constexpr bool kTmaStoreO = kBytesQ + 2 * kStages * kBytesKV + kBytesO + 1024 <= 227 * 1024;
 };
 
 }  // namespace flashattn::sm90
