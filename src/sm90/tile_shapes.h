@@ -84,8 +84,6 @@ struct Traits {
       cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kHeadDim>>{},
                         cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kHeadDim>>, cute::_64>{})));
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
-  // hdim 192/256: Q + 2 stages of K and V leave no room for O, so O reuses V's bytes (as FA3
-  // does); the producer then waits for the previous tile's O store before loading V.
   static constexpr bool kTmaStoreO = kBytesQ + 2 * kStages * kBytesKV + kBytesO + 1024 <= 227 * 1024;
 };
 
