@@ -57,11 +57,13 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
                           take<0, 2>(typename Traits::SmemLayoutK{}), cute::Shape<cute::Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
   p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.v, rows_k, s.nheads_kv, f.v_stride),
                           take<0, 2>(typename Traits::SmemLayoutV{}), cute::Shape<cute::Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
-  ShapeQKV shape_o(rows_q, kHeadDim, s.nheads_q, batch);
-  StrideQKV stride_o(tma_stride(rows_q, f.o_stride.row), _1{}, tma_stride(s.nheads_q, f.o_stride.head),
-                     tma_stride(batch, f.o_stride.batch));
-  p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(f.o)), shape_o, stride_o),
-                          take<0, 2>(typename Traits::SmemLayoutO{}), cute::Shape<_64, Int<kHeadDim>>{}, _1{});
+  if constexpr (Traits::kTmaStoreO) {  // hdim 192/256 store O from registers: no descriptor to encode
+    ShapeQKV shape_o(rows_q, kHeadDim, s.nheads_q, batch);
+    StrideQKV stride_o(tma_stride(rows_q, f.o_stride.row), _1{}, tma_stride(s.nheads_q, f.o_stride.head),
+                       tma_stride(batch, f.o_stride.batch));
+    p.tma_o = make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(f.o)), shape_o, stride_o),
+                            take<0, 2>(typename Traits::SmemLayoutO{}), cute::Shape<_64, Int<kHeadDim>>{}, _1{});
+  }
   p.shape_q = ShapeQKV(rows_q, kHeadDim, s.nheads_q, batch);
   p.shape_k = ShapeQKV(rows_k, kHeadDim, s.nheads_kv, batch);
   p.fwd = f;
