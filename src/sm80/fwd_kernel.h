@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/mask.h"
 #include "common/params.h"
@@ -121,68 +122,78 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   for (int mi = 0; mi < kRows; ++mi) row_state[mi].init();
   const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
 
-  for (; n_block >= n_begin; --n_block) {
-    const int n0 = n_block * kBlockN;
-    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    clear(acc_s);
-    cute::cp_async_wait<0>();
-    __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, sb.seqlen_k - n0);
-    cute::cp_async_fence();
+  // The softcap test sits outside the loop: inside it the compiler predicates the tanh path
+  // instead of branching, and those dead instructions cost issue slots every block.
+  auto mainloop = [&](auto softcap) {
+    constexpr bool kSoftcap = decltype(softcap)::value;
+    for (; n_block >= n_begin; --n_block) {
+      const int n0 = n_block * kBlockN;
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      cute::cp_async_wait<0>();
+      __syncthreads();  // K[n] landed; every warp is done with V[n+1]
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, sb.seqlen_k - n0);
+      cute::cp_async_fence();
 
-    gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
-            smem_thr_copy_K);
+      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+              smem_thr_copy_K);
 
-    Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    if (st.softcap > 0.f) {
+      Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+      if constexpr (kSoftcap) {
 #pragma unroll
-      for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
-    }
-    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
+        for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
+      }
+      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
 #pragma unroll
-      for (int mi = 0; mi < kRows; ++mi) {
-        const int row = m0 + get<0>(tScS_rc(mi, 0));
-        const int kb = mask.key_begin(row), ke = row < sb.seqlen_q ? mask.key_end(row) : 0;
+        for (int mi = 0; mi < kRows; ++mi) {
+          const int row = m0 + get<0>(tScS_rc(mi, 0));
+          const int kb = mask.key_begin(row), ke = row < sb.seqlen_q ? mask.key_end(row) : 0;
 #pragma unroll
-        for (int ni = 0; ni < size<1>(scores); ++ni) {
-          const int col = n0 + get<1>(tScS_rc(mi, ni));
-          if (col < kb || col >= ke) scores(mi, ni) = -INFINITY;
+          for (int ni = 0; ni < size<1>(scores); ++ni) {
+            const int col = n0 + get<1>(tScS_rc(mi, ni));
+            if (col < kb || col >= ke) scores(mi, ni) = -INFINITY;
+          }
         }
       }
-    }
 
-    cute::cp_async_wait<0>();
-    __syncthreads();  // V[n] landed; every warp is done with K[n]
-    if (n_block > n_begin) {
-      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block - 1)), tKsK, tKVcKV,
-                sb.seqlen_k - (n_block - 1) * kBlockN);
-      cute::cp_async_fence();
-    }
-
-    // Online softmax in the exp2 domain: one FMA + one exp2 per score.
-#pragma unroll
-    for (int mi = 0; mi < kRows; ++mi) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
-      mx = quad_allreduce_max(mx);
-      const float factor = row_state[mi].update_max(mx * st.exp2_scale);
-#pragma unroll
-      for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor;
-      const float offset = row_state[mi].exp_offset();
-      float sum = 0.f;
-#pragma unroll
-      for (int ni = 0; ni < size<1>(scores); ++ni) {
-        const float e = exp2f(fmaf(scores(mi, ni), st.exp2_scale, -offset));
-        scores(mi, ni) = e;
-        sum += e;
+      cute::cp_async_wait<0>();
+      __syncthreads();  // V[n] landed; every warp is done with K[n]
+      if (n_block > n_begin) {
+        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block - 1)), tKsK, tKVcKV,
+                  sb.seqlen_k - (n_block - 1) * kBlockN);
+        cute::cp_async_fence();
       }
-      row_state[mi].l += sum;  // per-thread partial; the quad is reduced once at the end
-    }
 
-    Tensor rP = convert_type<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
-    gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+      // Online softmax in the exp2 domain: one FMA + one exp2 per score.
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
+        mx = quad_allreduce_max(mx);
+        const float factor = row_state[mi].update_max(mx * st.exp2_scale);
+#pragma unroll
+        for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor;
+        const float offset = row_state[mi].exp_offset();
+        float sum = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < size<1>(scores); ++ni) {
+          const float e = exp2f(fmaf(scores(mi, ni), st.exp2_scale, -offset));
+          scores(mi, ni) = e;
+          sum += e;
+        }
+        row_state[mi].l += sum;  // per-thread partial; the quad is reduced once at the end
+      }
+
+      Tensor rP = convert_type<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
+      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+    }
+  };
+  if (st.softcap > 0.f) {
+    mainloop(std::true_type{});
+  } else {
+    mainloop(std::false_type{});
   }
 
   // Epilogue: O / l, LSE = (m + log2 l) ln 2; empty rows give O = 0, LSE = -inf.
