@@ -72,10 +72,4 @@ struct OnlineSoftmaxRow {
   FA_HD float lse() const { return (l == 0.f || l != l) ? -INFINITY : (m + log2f(l)) * kLn2; }
 };
 
-// Backward: probability from a stored natural-log LSE and a score already multiplied by
-// exp2_scale. An empty row has LSE = -inf and no unmasked score, so P = 0 there.
-FA_HD float prob_from_lse(float scaled_score_log2, float lse_log2) {
-  return lse_log2 == -INFINITY ? 0.f : exp2f(scaled_score_log2 - lse_log2);
-}
-
 }  // namespace flashattn

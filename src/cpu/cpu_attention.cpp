@@ -364,7 +364,7 @@ FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int
       je = je < jb ? jb : (je > bn ? bn : je);
     }
     const float lse2 = w.lse2[r], Dr = w.D[r];
-    if (lse2 == -INFINITY) jb = je = 0;  // the row sees no key: P = 0 (prob_from_lse's guard)
+    if (lse2 == -INFINITY) jb = je = 0;  // the row sees no key: P = 0, never exp2(-inf + inf)
     if (tr.softcap > 0.f) {
       for (int j = 0; j < bn; ++j) {
         const float c = tr.apply(s[j]);

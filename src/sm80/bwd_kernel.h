@@ -2,6 +2,9 @@
 // (key block, kv head, batch entry) that keeps dK/dV in registers while it walks the query
 // blocks (of every query head of its GQA group, so dK/dV need no atomics and no workspace);
 // dQ is accumulated in an fp32 workspace with atomicAdd, then scaled and converted.
+// Per (head, query block) pair: S = Q K^T, P, dP = dO V^T, dS, then dV += P^T dO, dK += dS^T Q,
+// dQ += dS K; with two Q/dO stages the next pair's Q, dO, LSE and D load (cp.async) under
+// these five GEMMs, so a pair starts with its operands already in smem.
 // Deterministic mode orders the dQ accumulation of the key blocks touching a query block by a
 // per-(batch, head, query block) counter, so the fp32 sums happen in a fixed order.
 #pragma once
@@ -97,19 +100,37 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return v;
 }
 
+// 4-byte cp.async; src_bytes = 0 zero-fills the destination (rows past the sequence end).
+__device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, bool valid) {
+  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
+// dq_accum[row, col..col+1] += (a, b): one vector reduction on sm90, two scalar ones before.
+// Inline PTX because atomicAdd(float2*) compiles to a returning ATOMG, whose pending result
+// registers stall the warp (long scoreboard) where a RED would not.
+__device__ __forceinline__ void atomic_add_pair(float* dst, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 template <typename Kt>
 __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p, const BwdWorkspace ws) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
   constexpr int kHeadDim = Kt::kHeadDim;
+  constexpr int kStages = Kt::kStagesQdO;
   extern __shared__ __align__(128) char smem_[];
 
   const int tidx = threadIdx.x;
   const int n_block = blockIdx.x;
   const int hk = blockIdx.y;
   const int b = blockIdx.z;
-  const bool varlen = p.cu_seqlens_q != nullptr;
   const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
   const int n0 = n_block * kBlockN;
   if (n0 >= sb.seqlen_k) return;
@@ -118,16 +139,20 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   mask.query_block_range(n0, kBlockN, kBlockM, &m_begin, &m_end);
   const int valid_cols = min(kBlockN, sb.seqlen_k - n0);
   const int group = p.shape.group_size();
+  const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;  // row in dq_accum
   const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
 
+  // smem: [stage][Q, dO], K, V, dS, P, [stage][LSE, D]. A stage's tensors are stage 0's shifted
+  // by a whole number of swizzle periods, so the partitions below are built once.
+  constexpr int kQdOStageElems = 2 * kBlockM * kHeadDim;
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_)), typename Kt::SmemLayoutQdO{});
   Tensor sQt = make_tensor(sQ.data(), typename Kt::SmemLayoutQdOt{});
   Tensor sQtNoSwizzle = make_tensor(sQ.data().get(), typename Kt::SmemLayoutQdOtNoSwizzle{});
   Tensor sdO = make_tensor(sQ.data() + size(sQ), typename Kt::SmemLayoutQdO{});
   Tensor sdOt = make_tensor(sdO.data(), typename Kt::SmemLayoutQdOt{});
   Tensor sdOtNoSwizzle = make_tensor(sdO.data().get(), typename Kt::SmemLayoutQdOtNoSwizzle{});
-  Tensor sK = make_tensor(sdO.data() + size(sdO), typename Kt::SmemLayoutKV{});
+  Tensor sK = make_tensor(sQ.data() + kStages * kQdOStageElems, typename Kt::SmemLayoutKV{});
   Tensor sKt = make_tensor(sK.data(), typename Kt::SmemLayoutKt{});
   Tensor sKtNoSwizzle = make_tensor(sK.data().get(), typename Kt::SmemLayoutKtNoSwizzle{});
   Tensor sV = make_tensor(sK.data() + size(sK), typename Kt::SmemLayoutKV{});
@@ -137,6 +162,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   Tensor sP = make_tensor(sdS.data() + size(sdS), typename Kt::SmemLayoutPdS{});
   Tensor sPt = make_tensor(sP.data(), typename Kt::SmemLayoutPdSt{});
   Tensor sPtNoSwizzle = make_tensor(sP.data().get(), typename Kt::SmemLayoutPdStNoSwizzle{});
+  float* s_stats = reinterpret_cast<float*>(raw_pointer_cast((sP.data() + size(sP)).get()));  // [stage][2][M]
 
   // ---- gmem tiles -------------------------------------------------------------------------
   typename Kt::GmemTiledCopy gmem_tiled_copy;
@@ -157,8 +183,41 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
                             make_stride(p.v_stride.row, _1{}));
     copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK), tKsK, tKVcKV, valid_cols);
     copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tVsV, tKVcKV, valid_cols);
-    cute::cp_async_fence();
   }
+
+  // The CTA walks (query head of its GQA group, query block) pairs, head-major; `it` indexes them.
+  const int n_mblocks = m_end - m_begin;
+  const int n_iters = group * n_mblocks;
+  // Issues the cp.async loads of pair `it` into `stage`: Q, dO (rows past the end zero-filled),
+  // LSE in the log2 domain is converted on read, D zero-filled past the end.
+  // Pairs are tracked incrementally: a runtime division per iteration costs ~25 instructions.
+  struct Pair {
+    int h, m_block;
+  };
+  auto next_pair = [&](Pair x) { return x.m_block + 1 < m_end ? Pair{x.h, x.m_block + 1} : Pair{x.h + 1, m_begin}; };
+  auto load_qdo = [&](Pair x, int stage) {
+    const int h = x.h;
+    const int m0 = x.m_block * kBlockM;
+    const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
+    const Element* q = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, m0, h);
+    const Element* d_o = static_cast<const Element*>(p.dout) + row_offset(p.dout_stride, b, sb.q_offset, m0, h);
+    Tensor gQ = make_tensor(make_gmem_ptr(q), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
+    Tensor gdO =
+        make_tensor(make_gmem_ptr(d_o), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.dout_stride.row, _1{}));
+    Tensor tQsQ_s = tQsQ, tdOsdO_s = tdOsdO;
+    tQsQ_s.data() = tQsQ_s.data() + stage * kQdOStageElems;
+    tdOsdO_s.data() = tdOsdO_s.data() + stage * kQdOStageElems;
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, valid_rows);
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s, tQcQ, valid_rows);
+    if (tidx < 2 * kBlockM) {
+      const int row = tidx % kBlockM;
+      const float* src = (tidx < kBlockM ? p.lse : ws.dsum) + sb.lse_offset + int64_t(h) * sb.lse_head_stride + m0;
+      cp_async_f32(s_stats + stage * 2 * kBlockM + tidx, src + (row < valid_rows ? row : 0), row < valid_rows);
+    }
+  };
+  Pair cur{hk * group, m_begin};
+  if (n_iters > 0) load_qdo(cur, 0);
+  cute::cp_async_fence();
 
   // ---- MMAs and smem->register copies --------------------------------------------------------
   typename Kt::TiledMmaSdP mma_sdp;
@@ -206,6 +265,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tidx);
   Tensor tdQsKt = thr_copy_b_dq.partition_S(sKt);
   Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tdQcdQ_rc = make_tensor(tdQcdQ.data(), acc_rowcol(tdQcdQ.layout()));
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -217,49 +277,47 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
   constexpr int kCols = decltype(size<1>(tScS_rc))::value;
 
+  // Shifts a stage-0 smem view to `stage`.
+  auto at_stage = [](auto t, int stage) {
+    t.data() = t.data() + stage * kQdOStageElems;
+    return t;
+  };
+
   bool gave_up = false;  // thread 0 only: stop waiting after a timed-out turn
-  for (int hi = 0; hi < group; ++hi) {
-    const int h = hk * group + hi;
-    const Element* q_head = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, 0, h);
-    const Element* do_head = static_cast<const Element*>(p.dout) + row_offset(p.dout_stride, b, sb.q_offset, 0, h);
-    const float* lse_head = p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride;
-    const float* dsum_head = ws.dsum + sb.lse_offset + int64_t(h) * sb.lse_head_stride;
+  for (int it = 0; it < n_iters; ++it, cur = next_pair(cur)) {
+    const int stage = kStages == 2 ? it % 2 : 0;
+    const int h = cur.h;
+    const int m_block = cur.m_block;
+    const int m0 = m_block * kBlockM;
+    const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
+    cute::cp_async_wait<0>();
+    __syncthreads();  // pair `it` landed; every warp is done with the previous pair's smem
+    if (kStages == 2 && it + 1 < n_iters) {
+      load_qdo(next_pair(cur), stage ^ 1);  // under this pair's five GEMMs
+      cute::cp_async_fence();
+    }
 
-    for (int m_block = m_begin; m_block < m_end; ++m_block) {
-      const int m0 = m_block * kBlockM;
-      const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
-      __syncthreads();  // every warp is done with sQ, sdO, sP, sdS of the previous block
-      {
-        Tensor gQ = make_tensor(make_gmem_ptr(q_head + int64_t(m0) * p.q_stride.row),
-                                Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
-        Tensor gdO = make_tensor(make_gmem_ptr(do_head + int64_t(m0) * p.dout_stride.row),
-                                 Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.dout_stride.row, _1{}));
-        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ, tQcQ, valid_rows);
-        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO, tQcQ, valid_rows);
-        cute::cp_async_fence();
-      }
-      // Per-row LSE (log2 domain) and D; rows past the end get P = 0 through the mask.
-      float lse2[kRows], dsum[kRows];
+    // LSE (log2 domain; an empty row's -inf becomes +inf so its P is exp2(-inf) = 0) and D.
+    float lse2[kRows], dsum[kRows];
 #pragma unroll
-      for (int mi = 0; mi < kRows; ++mi) {
-        const int row = get<0>(tScS_rc(mi, 0));
-        const bool ok = row < valid_rows;
-        lse2[mi] = ok ? lse_head[m0 + row] * kLog2e : -INFINITY;
-        dsum[mi] = ok ? dsum_head[m0 + row] : 0.f;
-      }
-      cute::cp_async_wait<0>();
-      __syncthreads();
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int row = get<0>(tScS_rc(mi, 0));
+      const float lse = s_stats[stage * 2 * kBlockM + row];
+      lse2[mi] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      dsum[mi] = s_stats[stage * 2 * kBlockM + kBlockM + row];
+    }
 
-      // S = Q K^T -> P = exp2(S * scale * log2e - LSE * log2e).
-      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      clear(acc_s);
-      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
-      Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-      // P goes to smem (for dV) in the input precision; `scores` keeps P * d(capped)/d(raw)
-      // (the softcap's 1 - tanh^2, else 1) in fp32 for dS.
-      Tensor rP = make_tensor<Element>(acc_s.layout());
-      Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
-      const bool needs_mask = mask.tile_needs_mask(m0, kBlockM, n0, kBlockN);
+    // S = Q K^T -> P = exp2(S * scale * log2e - LSE * log2e).
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    Tensor tSsQ_s = at_stage(tSsQ, stage);
+    gemm_ss(acc_s, tSrQ, tSrK, tSsQ_s, tSsK, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
+    Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
+    if (__builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+#pragma unroll
+      for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
+    }
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {  // rows past the end see no key
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
         const int row = m0 + get<0>(tScS_rc(mi, 0));
@@ -267,76 +325,105 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
 #pragma unroll
         for (int ni = 0; ni < kCols; ++ni) {
           const int col = n0 + get<1>(tScS_rc(mi, ni));
-          const bool masked = needs_mask && (col < kb || col >= ke);
-          float s = scores(mi, ni), dt = 1.f;
-          if (st.softcap > 0.f) {
-            s = st.apply(s);
-            dt = st.dtanh_factor(s);
-          }
-          const float prob = masked ? 0.f : prob_from_lse(s * st.exp2_scale, lse2[mi]);
-          rP_rc(mi, ni) = Element(prob);
-          scores(mi, ni) = prob * dt;
+          if (col < kb || col >= ke) scores(mi, ni) = -INFINITY;
         }
       }
-      cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
-
-      // dP = dO V^T -> dS = P (dP - D) [* (1 - tanh^2)].
-      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      clear(acc_dp);
-      gemm_ss(acc_dp, tdPrdO, tdPrV, tdPsdO, tdPsV, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp,
-              thr_copy_b_sdp);
-      Tensor dS = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+    }
+    // P goes to smem (for dV) in the input precision; `scores` keeps P * d(capped)/d(raw)
+    // (the softcap's 1 - tanh^2, else 1) in fp32 for dS.
+    if (__builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+      Tensor rP = make_tensor<Element>(acc_s.layout());
+      Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
 #pragma unroll
         for (int ni = 0; ni < kCols; ++ni) {
-          dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum[mi]);
+          const float s = scores(mi, ni);
+          const float prob = exp2f(fmaf(s, st.exp2_scale, -lse2[mi]));
+          rP_rc(mi, ni) = Element(prob);
+          // Masked scores are -inf: their 1 - tanh^2 would be -inf, times P = 0 a NaN.
+          scores(mi, ni) = prob * fmaxf(st.dtanh_factor(s), 0.f);
         }
       }
-      Tensor rdS = convert_type<Element>(acc_dp);
-      cute::copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
-      __syncthreads();  // P and dS visible to every warp
-
-      // dV += P^T dO, dK += dS^T Q.
-      gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, tdVsdOt, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
-              thr_copy_b_dkv);
-      gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
-              thr_copy_b_dkv);
-
-      // dQ_accum += dS K (unscaled; the postprocess multiplies by softmax_scale).
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-      clear(acc_dq);
-      gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_a_dq, copy_b_dq, thr_copy_a_dq, thr_copy_b_dq);
-
-      int* sem = nullptr;
-      if (ws.semaphores != nullptr) {
-        sem = ws.semaphores + (int64_t(b) * p.shape.nheads_q + h) * ws.num_m_blocks + m_block;
-        if (tidx == 0 && !gave_up) {
-          const int turn = dq_turn(mask, n_block, m_block, kBlockN, kBlockM);
-          // Bounded spin: a scheduling surprise degrades to non-deterministic, never to a hang.
-          long spins = 0;
-          while (load_acquire(sem) != turn && spins < (1l << 24)) {
-            __nanosleep(128);
-            ++spins;
-          }
-          gave_up = spins >= (1l << 24);
-        }
-        __syncthreads();
-      }
-      float* dq_block = ws.dq_accum + ((qrow0 + m0) * p.shape.nheads_q + h) * int64_t(kHeadDim);
-      const int64_t dq_row_stride = int64_t(p.shape.nheads_q) * kHeadDim;
+      cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
+    } else {
 #pragma unroll
-      for (int i = 0; i < size(acc_dq); ++i) {
-        const int row = get<0>(tdQcdQ(i));
-        if (row < valid_rows) atomicAdd(dq_block + row * dq_row_stride + get<1>(tdQcdQ(i)), acc_dq(i));
+      for (int mi = 0; mi < kRows; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kCols; ++ni) scores(mi, ni) = exp2f(fmaf(scores(mi, ni), st.exp2_scale, -lse2[mi]));
       }
-      if (sem != nullptr) {
-        __threadfence();
-        __syncthreads();
-        if (tidx == 0) atomicAdd(sem, 1);
+      Tensor rP = convert_type<Element>(acc_s);  // packed conversions
+      cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
+    }
+
+    // dP = dO V^T -> dS = P (dP - D) [* (1 - tanh^2)].
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_dp);
+    Tensor tdPsdO_s = at_stage(tdPsdO, stage);
+    gemm_ss(acc_dp, tdPrdO, tdPrV, tdPsdO_s, tdPsV, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
+    Tensor dS = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < kCols; ++ni) dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum[mi]);
+    }
+    Tensor rdS = convert_type<Element>(acc_dp);
+    cute::copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
+    __syncthreads();  // P and dS visible to every warp
+
+    // dV += P^T dO, dK += dS^T Q.
+    Tensor tdVsdOt_s = at_stage(tdVsdOt, stage);
+    gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, tdVsdOt_s, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
+            thr_copy_b_dkv);
+    Tensor tdKsQt_s = at_stage(tdKsQt, stage);
+    gemm_ss(acc_dk, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt_s, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
+            thr_copy_b_dkv);
+    if (kStages == 1 && it + 1 < n_iters) {
+      __syncthreads();  // every warp is done reading Q and dO
+      load_qdo(next_pair(cur), 0);  // under the dQ GEMM and its atomics
+      cute::cp_async_fence();
+    }
+
+    // dQ_accum += dS K (unscaled; the postprocess multiplies by softmax_scale).
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_a_dq, copy_b_dq, thr_copy_a_dq, thr_copy_b_dq);
+
+    int* sem = nullptr;
+    if (ws.semaphores != nullptr) {
+      sem = ws.semaphores + (int64_t(b) * p.shape.nheads_q + h) * ws.num_m_blocks + m_block;
+      if (tidx == 0 && !gave_up) {
+        const int turn = dq_turn(mask, n_block, m_block, kBlockN, kBlockM);
+        // Bounded spin: a scheduling surprise degrades to non-deterministic, never to a hang.
+        long spins = 0;
+        while (load_acquire(sem) != turn && spins < (1l << 24)) {
+          __nanosleep(128);
+          ++spins;
+        }
+        gave_up = spins >= (1l << 24);
+      }
+      __syncthreads();
+    }
+    float* dq_block = ws.dq_accum + ((qrow0 + m0) * p.shape.nheads_q + h) * int64_t(kHeadDim);
+    const int64_t dq_row_stride = int64_t(p.shape.nheads_q) * kHeadDim;
+    Tensor acc_dq_rc = make_tensor(acc_dq.data(), acc_rowcol(acc_dq.layout()));
+#pragma unroll
+    for (int mi = 0; mi < size<0>(acc_dq_rc); ++mi) {
+      const int row = get<0>(tdQcdQ_rc(mi, 0));
+      if (row >= valid_rows) continue;
+#pragma unroll
+      for (int ni = 0; ni < size<1>(acc_dq_rc); ni += 2) {  // (ni, ni + 1): adjacent columns
+        atomic_add_pair(dq_block + row * dq_row_stride + get<1>(tdQcdQ_rc(mi, ni)), acc_dq_rc(mi, ni),
+                        acc_dq_rc(mi, ni + 1));
       }
     }
+    if (sem != nullptr) {
+      __threadfence();
+      __syncthreads();
+      if (tidx == 0) atomicAdd(sem, 1);
+    }
   }
+  cute::cp_async_wait<0>();  // no copy may land after the CTA's smem is handed on (n_iters == 0)
 
   // Epilogue: dK = scale * dS^T Q (dV needs no scale), rows past the sequence end dropped.
   Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));

@@ -82,9 +82,10 @@ struct FwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
 
 // Backward: one CTA per key block; loops over the query blocks (and the query heads of its
 // GQA group). Three tiled MMAs: S/dP = Q K^T / dO V^T [M x N], dK/dV = dS^T Q / P^T dO [N x d],
-// dQ = dS K [M x d].
+// dQ = dS K [M x d]. kStagesQdO = 2 double-buffers Q, dO and their LSE/D rows, so the next
+// query block loads under the current one's GEMMs; 1 loads it after the last read of Q/dO.
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
-          int kAtomNdKV, int kAtomMdQ>
+          int kAtomNdKV, int kAtomMdQ, int kStagesQdO_ = 2>
 struct BwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   using Base = BaseTraits<Element_, kHeadDim_, kNWarps_>;
   using Element = Element_;
@@ -93,7 +94,10 @@ struct BwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kStagesQdO = kStagesQdO_;
+  static_assert(kStagesQdO == 1 || kStagesQdO == 2);
   static_assert(kBlockM % Base::kGmemRowsPerCopy == 0 && kBlockN % Base::kGmemRowsPerCopy == 0);
+  static_assert(2 * kBlockM <= kNThreads, "one thread per LSE / D row");
 
   using TiledMmaSdP = TiledMMA<typename Base::MmaAtom, Layout<Shape<Int<kAtomMSdP>, Int<kNWarps / kAtomMSdP>, _1>>,
                                Tile<Int<16 * kAtomMSdP>, Int<16 * kNWarps / kAtomMSdP>, _16>>;
@@ -125,8 +129,11 @@ struct BwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
   using SmemCopyAtomPdS = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 
-  static constexpr int kSmemSize =
-      (2 * kBlockM * kHeadDim + 2 * kBlockN * kHeadDim + 2 * kBlockM * kBlockN) * int(sizeof(Element));
+  // Per stage: Q, dO [M x d] and the block's LSE (log2 domain) and D rows (fp32).
+  static constexpr int kSmemQdOStage = 2 * kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemStatsStage = 2 * kBlockM * int(sizeof(float));
+  static constexpr int kSmemSize = kStagesQdO * (kSmemQdOStage + kSmemStatsStage) +
+                                   (2 * kBlockN * kHeadDim + 2 * kBlockM * kBlockN) * int(sizeof(Element));
 };
 
 }  // namespace flashattn::sm80
