@@ -17,6 +17,13 @@ extern "C" {
  * build has no sm90 path, FLASHATTN_ERROR_INVALID_ARGUMENT for values other than 0 and 1. */
 FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpong, int intra_warpgroup_overlap);
 
+/* Caps the shared memory per block that the sm80 (portable) path assumes it may use, in bytes;
+ * 0 (default) = the device's own opt-in limit. A large-smem GPU then runs the kernels (tile and
+ * buffering choices) that a smaller one would, e.g. 166912 for an A100; what needs more than the
+ * cap fails with FLASHATTN_ERROR_NOT_SUPPORTED naming the smem it needs. Process-global.
+ * Returns FLASHATTN_ERROR_NOT_SUPPORTED when the build has no sm80 path. */
+FLASHATTN_API flashattn_status flashattn_sm80_set_smem_limit(int bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -161,3 +161,10 @@ extern "C" flashattn_status flashattn_sm90_set_ablation(int, int) {
   return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "flashattn_sm90_set_ablation: this build has no sm90 path");
 }
 #endif
+
+#if !defined(FLASHATTN_HAS_SM80)
+#include "flashattn/flashattn_experimental.h"
+extern "C" flashattn_status flashattn_sm80_set_smem_limit(int) {
+  return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "flashattn_sm80_set_smem_limit: this build has no sm80 path");
+}
+#endif

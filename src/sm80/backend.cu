@@ -1,16 +1,24 @@
 // kSm80Backend: the portable CUDA path (mma.sync + cp.async), any GPU from sm80 on.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 
 #include "api/backend.h"
 #include "api/error.h"
+#include "flashattn/flashattn_experimental.h"
 #include <cutlass/numeric_types.h>
 
 #include "sm80/launch.h"
 
 namespace flashattn {
 namespace sm80 {
+
+namespace {
+std::atomic<int> g_smem_limit{0};
+}  // namespace
+int smem_limit() { return g_smem_limit.load(std::memory_order_relaxed); }
+
 namespace {
 
 #ifndef FLASHATTN_SM80_HEADDIMS_STR
@@ -154,3 +162,12 @@ const Backend kSm80Backend = {
 };
 
 }  // namespace flashattn
+
+extern "C" FLASHATTN_API flashattn_status flashattn_sm80_set_smem_limit(int bytes) {
+  if (bytes < 0)
+    return flashattn::set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                                "flashattn_sm80_set_smem_limit: bytes %d (>= 0; 0 = the device's own limit)", bytes);
+  flashattn::sm80::g_smem_limit.store(bytes);
+  flashattn::clear_error();
+  return FLASHATTN_SUCCESS;
+}

@@ -17,8 +17,13 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream);
 
-// Query-block size of the backward (the dQ semaphores are per query block).
-constexpr int kBwdBlockM = 64;
+// Caps the shared memory the sm80 kernels assume a block may use (0 = the device's own limit),
+// so tests on a large-smem GPU exercise the tile choices of smaller ones (A100: 163 KB).
+int smem_limit();
+
+// Smallest query-block size of any backward configuration: the deterministic mode's dQ
+// semaphores (one per query block) are sized with it, an upper bound for larger blocks.
+constexpr int kBwdMinBlockM = 64;
 
 struct BwdWorkspaceLayout {
   size_t dq_accum = 0;    // offset of the fp32 dQ accumulator
@@ -34,7 +39,7 @@ inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   BwdWorkspaceLayout l;
   const flashattn::Shape& s = p.shape;
-  l.num_m_blocks = (s.seqlen_q + kBwdBlockM - 1) / kBwdBlockM;
+  l.num_m_blocks = (s.seqlen_q + kBwdMinBlockM - 1) / kBwdMinBlockM;
   l.dq_accum = 0;
   l.dsum = align256(size_t(s.total_q) * s.nheads_q * s.headdim * sizeof(float));
   l.semaphores = l.dsum + align256(size_t(s.total_q) * s.nheads_q * sizeof(float));

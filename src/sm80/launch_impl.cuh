@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "api/error.h"
 #include "sm80/bwd_kernel.h"
@@ -13,46 +14,94 @@
 
 namespace flashattn::sm80 {
 
-// Tile choice per head dim (FA2's sm80 choices, forward tiles within 99 KB of smem).
+// Tile choice per head dim: FA2's for the A100/H100; FwdSmallSmem/BwdSmallSmem, where a head dim
+// has them, for devices with less shared memory per block (see with_fitting_config).
 template <typename E, int D>
 struct Config;
 template <typename E>
 struct Config<E, 32> {
   using Fwd = FwdTraits<E, 32, 128, 128, 4>;
-  using Bwd = BwdTraits<E, 32, kBwdBlockM, 128, 8, 2, 4, 4>;
+  using Bwd = BwdTraits<E, 32, 64, 128, 8, 2, 4, 4>;
 };
 template <typename E>
 struct Config<E, 64> {
   using Fwd = FwdTraits<E, 64, 128, 64, 4>;  // 128 x 128 spills (255 registers) with this code
-  using Bwd = BwdTraits<E, 64, kBwdBlockM, 128, 8, 2, 4, 4>;
+  using Bwd = BwdTraits<E, 64, 128, 128, 8, 4, 4, 4>;  // FA2's tile: 163 KB, A100/H100
+  using BwdSmallSmem = BwdTraits<E, 64, 64, 128, 8, 2, 4, 4>;  // 97 KB: sm86/sm89
 };
 template <typename E>
 struct Config<E, 96> {
   using Fwd = FwdTraits<E, 96, 128, 64, 4>;
-  using Bwd = BwdTraits<E, 96, kBwdBlockM, 128, 8, 2, 4, 4>;
+  using Bwd = BwdTraits<E, 96, 64, 128, 8, 2, 4, 4>;
 };
 template <typename E>
 struct Config<E, 128> {
   using Fwd = FwdTraits<E, 128, 128, 64, 4>;
-  using Bwd = BwdTraits<E, 128, kBwdBlockM, 128, 8, 2, 4, 2>;
+  using Bwd = BwdTraits<E, 128, 64, 128, 8, 2, 4, 2>;
 };
 template <typename E>
 struct Config<E, 192> {
   using Fwd = FwdTraits<E, 192, 128, 64, 8>;
-  using Bwd = BwdTraits<E, 192, kBwdBlockM, 64, 8, 2, 4, 2>;
+  using Bwd = BwdTraits<E, 192, 64, 64, 8, 2, 4, 2>;
 };
 template <typename E>
 struct Config<E, 256> {
-  using Fwd = FwdTraits<E, 256, 64, 64, 4>;
-  using Bwd = BwdTraits<E, 256, kBwdBlockM, 64, 8, 2, 4, 2>;
+  using Fwd = FwdTraits<E, 256, 128, 64, 8>;  // FA2's tile: 128 KB, A100/H100
+  using FwdSmallSmem = FwdTraits<E, 256, 64, 64, 4>;  // 96 KB: sm86/sm89
+  using Bwd = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2>;  // 209 KB: H100/H200
+  using BwdSmallSmem = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2, /*kStagesQdO=*/1>;  // 145 KB: A100
 };
+
+// The configuration a head dim falls back to where its first choice needs more smem than the
+// device has (sm86/sm89: 99 KB, A100: 163 KB); void where the first choice fits everywhere
+// it is supported.
+template <typename C, typename = void>
+struct FwdSmallSmemOf {
+  using type = void;
+};
+template <typename C>
+struct FwdSmallSmemOf<C, std::void_t<typename C::FwdSmallSmem>> {
+  using type = typename C::FwdSmallSmem;
+};
+template <typename C, typename = void>
+struct BwdSmallSmemOf {
+  using type = void;
+};
+template <typename C>
+struct BwdSmallSmemOf<C, std::void_t<typename C::BwdSmallSmem>> {
+  using type = typename C::BwdSmallSmem;
+};
+
+// Shared memory a block may opt into on the current device (capped by flashattn_sm80_set_smem_limit).
+inline flashattn_status smem_optin(int* optin, const char* what) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (e != cudaSuccess) return cuda_failure(e, what);
+  const int cap = smem_limit();
+  if (cap > 0 && cap < *optin) *optin = cap;
+  return FLASHATTN_SUCCESS;
+}
+
+// Kt where it fits in the device's smem, else Small (where there is one).
+template <typename Kt, typename Small, typename Fn>
+flashattn_status with_fitting_config(const char* what, Fn&& fn) {
+  if constexpr (!std::is_void_v<Small>) {
+    int optin = 0;
+    flashattn_status s = smem_optin(&optin, what);
+    if (s != FLASHATTN_SUCCESS) return s;
+    if (Kt::kSmemSize > optin) return fn(Small{});
+  }
+  return fn(Kt{});
+}
 
 // Opts the kernel into `smem` bytes of dynamic shared memory if the device allows it.
 template <typename Kernel>
 flashattn_status prepare_smem(Kernel kernel, int smem, const char* what, int headdim) {
   int dev = 0, optin = 0;
+  flashattn_status st = smem_optin(&optin, what);
+  if (st != FLASHATTN_SUCCESS) return st;
   cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   if (e != cudaSuccess) return cuda_failure(e, what);
   if (smem > optin)
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
@@ -72,11 +121,10 @@ inline flashattn_status check_grid(int batch, int heads) {
   return FLASHATTN_SUCCESS;
 }
 
-template <typename Element, int kHeadDim>
-flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Kt = typename Config<Element, kHeadDim>::Fwd;
+template <typename Kt>
+flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
   auto kernel = fwd_kernel<Kt>;
-  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "forward", kHeadDim);
+  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "forward", Kt::kHeadDim);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
   const dim3 grid((p.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.shape.nheads_q, p.shape.batch);
@@ -87,9 +135,17 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
 }
 
 template <typename Element, int kHeadDim>
-flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream) {
-  using Kt = typename Config<Element, kHeadDim>::Bwd;
-  static_assert(Kt::kBlockM == kBwdBlockM);
+flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
+  using C = Config<Element, kHeadDim>;
+  return with_fitting_config<typename C::Fwd, typename FwdSmallSmemOf<C>::type>(
+      "forward", [&](auto kt) { return run_fwd_with<decltype(kt)>(p, stream); });
+}
+
+template <typename Kt>
+flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t stream) {
+  constexpr int kHeadDim = Kt::kHeadDim;
+  using Element = typename Kt::Element;
+  static_assert(Kt::kBlockM % kBwdMinBlockM == 0);
   auto kernel = bwd_kernel<Kt>;
   flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "backward", kHeadDim);
   if (s != FLASHATTN_SUCCESS) return s;
@@ -128,6 +184,13 @@ flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t strea
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd postprocess launch");
   }
   return FLASHATTN_SUCCESS;
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream) {
+  using C = Config<Element, kHeadDim>;
+  return with_fitting_config<typename C::Bwd, typename BwdSmallSmemOf<C>::type>(
+      "backward", [&](auto kt) { return run_bwd_with<decltype(kt)>(p, workspace, stream); });
 }
 
 }  // namespace flashattn::sm80

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "flashattn/flashattn.h"
+#include "flashattn/flashattn_experimental.h"
 #include "test_util.h"
 
 namespace flashattn::test {
@@ -426,6 +427,82 @@ class GpuSmall : public ::testing::TestWithParam<GpuParam> {};
 TEST_P(GpuSmall, MatchesOracleDeterministic) { run_and_check(GetParam(), /*deterministic=*/true); }
 
 INSTANTIATE_TEST_SUITE_P(Sanitize, GpuSmall, ::testing::ValuesIn(params_for(small_cases())), param_name);
+
+// ---- smaller GPUs -----------------------------------------------------------------------------
+
+// The sm80 path as an A100 (163 KB of smem per block) or an sm86/sm89 GPU (99 KB) runs it:
+// head dims whose first-choice tiles do not fit there take their fallback configuration. Run on
+// any larger GPU by capping the smem the path may use.
+class SmemCap {
+ public:
+  explicit SmemCap(int bytes) { ok_ = flashattn_sm80_set_smem_limit(bytes) == FLASHATTN_SUCCESS; }
+  ~SmemCap() { flashattn_sm80_set_smem_limit(0); }
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = false;
+};
+constexpr int kA100Smem = 166912;
+constexpr int kSm86Smem = 99 * 1024;
+
+struct SmemParam {
+  int smem;
+  GpuParam gp;
+};
+
+class GpuSmallSmem : public ::testing::TestWithParam<SmemParam> {};
+
+TEST_P(GpuSmallSmem, MatchesOracle) {
+  SmemCap cap(GetParam().smem);
+  ASSERT_TRUE(cap.ok()) << flashattn_last_error();
+  run_and_check(GetParam().gp, /*deterministic=*/false);
+}
+
+std::vector<SmemParam> small_smem_cases() {
+  std::vector<SmemParam> v;
+  auto add = [&](int smem, const std::string& name, const Case& c, bool backward = true) {
+    v.push_back({smem, {FLASHATTN_BACKEND_SM80, {(smem == kA100Smem ? "a100_" : "sm86_") + name, c, backward}}});
+  };
+  Case c = base(256, FLASHATTN_DTYPE_BF16, 2, 203, 203, 2, 1);
+  c.causal = true;
+  add(kA100Smem, "hdim256_causal_gqa", c);
+  add(kSm86Smem, "hdim256_causal_gqa_fwd", c, /*backward=*/false);  // no d256 backward in 99 KB
+  Case d = base(256, FLASHATTN_DTYPE_FP16, 1, 64, 64, 2, 2);
+  d.seqlens_q = {130, 1, 65};
+  d.seqlens_k = {200, 64, 7};
+  d.softcap = 15.f;
+  add(kA100Smem, "hdim256_varlen_softcap", d);
+  Case e = base(128, FLASHATTN_DTYPE_BF16, 1, 300, 257, 4, 2);
+  add(kA100Smem, "hdim128", e);
+  Case f = base(64, FLASHATTN_DTYPE_FP16, 2, 300, 190, 4, 2);
+  f.causal = true;
+  add(kSm86Smem, "hdim64_causal_gqa", f);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm80, GpuSmallSmem, ::testing::ValuesIn(small_smem_cases()),
+                         [](const ::testing::TestParamInfo<SmemParam>& i) { return i.param.gp.gc.name; });
+
+// Below what a kernel needs, the call fails with a message naming the smem, never launches.
+TEST(GpuSmemCap, BackwardThatDoesNotFitIsRefused) {
+  const std::string skip = skip_reason(FLASHATTN_BACKEND_SM80);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  SmemCap cap(kSm86Smem);
+  ASSERT_TRUE(cap.ok());
+  Case c = base(256, FLASHATTN_DTYPE_BF16, 1, 64, 64, 1, 1);
+  Problem p(c);
+  DeviceProblem dp(p);
+  ASSERT_TRUE(dp.ok());
+  CUDA_OK(dp.upload());
+  std::string why;
+  Outcome o = run_fwd_gpu(dp, FLASHATTN_BACKEND_SM80, &why);
+  if (o == Outcome::kSkipped) GTEST_SKIP() << why;  // hdim 256 not compiled
+  ASSERT_EQ(o, Outcome::kRan) << why;
+  flashattn_bwd_params b = dp.bwd_params(FLASHATTN_BACKEND_SM80, false);
+  EXPECT_EQ(flashattn_bwd(&b, nullptr, 0, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(flashattn_last_error()).find("shared memory"), std::string::npos) << flashattn_last_error();
+  EXPECT_EQ(flashattn_sm80_set_smem_limit(-1), FLASHATTN_ERROR_INVALID_ARGUMENT);
+}
 
 // ---- determinism -----------------------------------------------------------------------------
 
