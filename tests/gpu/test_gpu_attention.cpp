@@ -431,7 +431,7 @@ INSTANTIATE_TEST_SUITE_P(Sanitize, GpuSmall, ::testing::ValuesIn(params_for(smal
 // ---- smaller GPUs -----------------------------------------------------------------------------
 
 // The sm80 path as an A100 (163 KB of smem per block) or an sm86/sm89 GPU (99 KB) runs it:
-// head dims whose first-choice tiles do not fit there take their fallback configuration. Run on
+// head dims whose first-choice backward does not fit there take its fallback configuration. Run on
 // any larger GPU by capping the smem the path may use.
 class SmemCap {
  public:
