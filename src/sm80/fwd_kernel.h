@@ -72,19 +72,21 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 
   const int64_t ks = p.k_stride.row, vs = p.v_stride.row;
   Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
-  auto gK_at = [&](int n) {
-    return make_tensor(make_gmem_ptr(k_base + int64_t(n) * kBlockN * ks), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                       make_stride(ks, _1{}));
-  };
-  auto gV_at = [&](int n) {
-    return make_tensor(make_gmem_ptr(v_base + int64_t(n) * kBlockN * vs), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                       make_stride(vs, _1{}));
-  };
+  // K and V tiles of the first visited block (the last one); each later tile is one block
+  // earlier: the per-thread pointers move back by a block's rows (FA2), so the loop carries two
+  // pointers instead of rebuilding base + block * stride + thread offset in 64 bits every time.
+  const int n_last = n_end - 1;
+  Tensor gK = make_tensor(make_gmem_ptr(k_base + int64_t(n_last) * kBlockN * ks), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                          make_stride(ks, _1{}));
+  Tensor gV = make_tensor(make_gmem_ptr(v_base + int64_t(n_last) * kBlockN * vs), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                          make_stride(vs, _1{}));
 
   typename Kt::GmemTiledCopy gmem_tiled_copy;
   auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
   Tensor tQgQ = gmem_thr_copy.partition_S(gQ);
   Tensor tQsQ = gmem_thr_copy.partition_D(sQ);
+  Tensor tKgK = gmem_thr_copy.partition_S(gK);
+  Tensor tVgV = gmem_thr_copy.partition_S(gV);
   Tensor tKsK = gmem_thr_copy.partition_D(sK);
   Tensor tVsV = gmem_thr_copy.partition_D(sV);
   Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -111,9 +113,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 
   // Prologue: Q and the last K tile (blocks are visited last to first, so only the first
   // visited block can be partial at the end of the sequence).
-  int n_block = n_end - 1;
+  int n_block = n_last;
   copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows);
-  copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block)), tKsK, tKVcKV, sb.seqlen_k - n_block * kBlockN);
+  copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN);
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -132,8 +134,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       clear(acc_s);
       cute::cp_async_wait<0>();
       __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV_at(n_block)), tVsV, tKVcKV, sb.seqlen_k - n0);
+      if (n_block == n_last) {  // the only block that can end past the sequence
+        copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0);
+      } else {
+        cute::copy(gmem_tiled_copy, tVgV, tVsV);
+      }
       cute::cp_async_fence();
+      tVgV.data() = tVgV.data() + (-kBlockN * vs);
 
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
               smem_thr_copy_K);
@@ -158,9 +165,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]
-      if (n_block > n_begin) {
-        copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK_at(n_block - 1)), tKsK, tKVcKV,
-                  sb.seqlen_k - (n_block - 1) * kBlockN);
+      if (n_block > n_begin) {  // K[n - 1]: a whole block
+        tKgK.data() = tKgK.data() + (-kBlockN * ks);
+        cute::copy(gmem_tiled_copy, tKgK, tKsK);
         cute::cp_async_fence();
       }
 
