@@ -11,13 +11,18 @@ namespace flashattn::sm90 {
 
 template <int kHeadDim>
 struct TileConfig;
+// kBlockNUnmasked: the key block of long problems without a causal/local mask, where no tile
+// has a diagonal to cut (launch.h picks it from 8k keys). A wider block amortizes the
+// per-block pipeline and rescale work: +3% at hdim 128, 8k-16k, under sustained load.
 // hdim 64: 3 consumer warpgroups (192 rows) amortize the K/V loads; 160 regs each suffice.
-template <> struct TileConfig<64>  { static constexpr int kBlockM = 192, kBlockN = 128, kStages = 2; };
-template <> struct TileConfig<96>  { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
-template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2; };
+template <> struct TileConfig<64>  { static constexpr int kBlockM = 192, kBlockN = 128, kBlockNUnmasked = 128, kStages = 2; };
+template <> struct TileConfig<96>  { static constexpr int kBlockM = 128, kBlockN = 128, kBlockNUnmasked = 128, kStages = 2; };
+// hdim 128 unmasked: FA3's 128 x 176; O then no longer fits in smem beside Q, K and V and is
+// stored from registers (which measured 1-2% faster than the TMA store at 8k-16k anyway).
+template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN = 128, kBlockNUnmasked = 176, kStages = 2; };
 // 128 x 112 and 128 x 80 are where Q + 2 stages of K and V hit the 227 KiB smem limit.
-template <> struct TileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 112, kStages = 2; };
-template <> struct TileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 80,  kStages = 2; };
+template <> struct TileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 112, kBlockNUnmasked = 112, kStages = 2; };
+template <> struct TileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 80,  kBlockNUnmasked = 80, kStages = 2; };
 
 // Widest swizzle whose atom divides the (contiguous) head dim: 128B for 64/128/192/256, 64B for 96.
 template <class T, int kK>
@@ -28,12 +33,12 @@ constexpr auto smem_atom_k_major() {
   else return GMMA::Layout_K_SW32_Atom<T>{};
 }
 
-template <int kHeadDim_, class Element_>
+template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN>
 struct Traits {
   using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = TileConfig<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = TileConfig<kHeadDim>::kStages;
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
@@ -73,7 +78,7 @@ struct Traits {
 
   // O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
   // a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
-  // Only where it fits beside Q and 2 stages of K and V (hdim <= 128). At hdim 192/256 FA3
+  // Only where it fits beside Q and 2 stages of K and V (hdim <= 128 with 128-key blocks). At hdim 192/256 FA3
   // stages O in V's bytes; that measured 6-11% slower here than storing O from registers
   // (same-run A/B, docs/perf-notes.md v5), so those head dims store from registers.
   using SmemLayoutO = decltype(cute::tile_to_shape(
