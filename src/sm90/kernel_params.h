@@ -22,7 +22,7 @@ struct TmaTypes {
   using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
                                                 ShapeQKV{}, StrideQKV{}));
   using Q = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{}, GmemTensor{}, typename Traits::SmemLayoutQ{},
+      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutQ{}),
       cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
   using KV = decltype(cute::make_tma_copy(
       cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutK{}),
@@ -47,6 +47,7 @@ struct KernelParams {
   TileScheduler scheduler;
   int pingpong;                 // ablation switches, read once per CTA
   int intra_warpgroup_overlap;
+  int cross_tile_overlap;       // needs intra_warpgroup_overlap and two Q buffers
 };
 
 // One tile's problem: where the sequence lives, its mask and the key blocks to visit.

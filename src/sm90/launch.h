@@ -15,6 +15,7 @@ namespace flashattn::sm90 {
 struct LaunchOptions {
   int pingpong;
   int intra_warpgroup_overlap;
+  int cross_tile_overlap;
   void* workspace;  // fwd_workspace_bytes(): the dynamic scheduler's tile counter, or null
 };
 
@@ -52,7 +53,7 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_layout(shape, stride));
   };
   Params p{};
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.q, rows_q, s.nheads_q, f.q_stride), typename Traits::SmemLayoutQ{},
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.q, rows_q, s.nheads_q, f.q_stride), take<0, 2>(typename Traits::SmemLayoutQ{}),
                           cute::Shape<cute::Int<Traits::kBlockM>, Int<kHeadDim>>{}, _1{});
   p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(f.k, rows_k, s.nheads_kv, f.k_stride),
                           take<0, 2>(typename Traits::SmemLayoutK{}), cute::Shape<cute::Int<Traits::kBlockN>, Int<kHeadDim>>{}, _1{});
@@ -70,6 +71,7 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
   p.fwd = f;
   p.pingpong = opt.pingpong;
   p.intra_warpgroup_overlap = opt.intra_warpgroup_overlap;
+  p.cross_tile_overlap = opt.cross_tile_overlap;
 
   const int num_m = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;  // varlen: max_seqlen_q
   const int64_t tiles = int64_t(num_m) * s.nheads_q * s.batch;

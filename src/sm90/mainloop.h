@@ -1,13 +1,18 @@
-// The consumer mainloop of one tile (FA3 Algorithm 1, consumer side), per warpgroup of 64 rows:
+// The consumer mainloop (FA3 Algorithm 1, consumer side), per warpgroup of 64 rows:
 //   S_j = Q K_j^T  (SS-WGMMA, both from smem)
 //   softcap, mask (boundary blocks only), online softmax -> P_j in registers (fp16/bf16)
 //   O = O * scale_j + P_j V_j  (RS-WGMMA, P from registers)
 // Key blocks run from the last down, so the block that needs masking (the causal diagonal or
 // the seqlen_k edge) comes first. Two schedules, picked at runtime:
-//   plain:   QK_j, wait, softmax_j, PV_j, wait.
+//   plain:   run_plain(): per block QK_j, wait, softmax_j, PV_j, wait.
 //   overlap: issue QK_j, then PV of the previous block (its P is ready), wait for QK_j only
 //            (warpgroup_wait<1>) and run block j's softmax while that PV runs, then wait.
-// Pingpong (named_barriers.h) orders the GEMM issue of the consumer warpgroups.
+//            A tile is head() (its first block: QK + softmax, nothing to overlap), body()
+//            (every other block) and tail() (the last block's PV). Between two tiles of a
+//            persistent CTA, tail_and_next_head() runs the next tile's head under this tile's
+//            last PV, exactly as between two key blocks (needs the second Q buffer).
+// Pingpong (named_barriers.h) orders the GEMM issue of the consumer warpgroups: one turn per
+// key block (head, each body block; tail_and_next_head stands for the next tile's head).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -65,112 +70,191 @@ struct Mainloop {
   using TiledMmaPV = typename Traits::TiledMmaPV;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
   using AccO = decltype(cute::partition_fragment_C(TiledMmaPV{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kD>>{}));
+  using AccS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using FragP = decltype(cute::make_tensor<Element>(acc_as_a_operand(AccS{}.layout())));
   static constexpr int kRows = decltype(cute::size<0>(acc_rowcol(AccO{}.layout())))::value;  // 2
   using Softmax = WarpgroupSoftmax<kRows>;
 
   typename P::KVState kv_read;  // persists across tiles, like the producer's write state
   typename P::QState q_read;
+  FragP tOrP;                   // P of the block whose P V is still to be issued
+  float scale[kRows];           // what O is multiplied by before that P V
 
+  struct Pipes {
+    typename P::Q& q;
+    typename P::KV& k;
+    typename P::KV& v;
+  };
+
+  // First key block of a tile: S = Q K^T, softmax -> P. Nothing of this warpgroup overlaps it.
+  __device__ void head(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, Softmax& sm,
+                       const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+    using namespace cute;
+    TiledMmaQK mma_qk;
+    Tensor tSrS = new_s();
+    pipes.q.consumer_wait(q_read);
+    pipes.k.consumer_wait(kv_read);
+    ping.wait_turn();
+    gemm_async<true>(mma_qk, q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tSrS);
+    ping.pass_turn();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipes.k.consumer_release(kv_read);
+    softmax_block(tSrS, w, m_block, w.n_end - 1, sm, mma_tidx);
+    convert_fragment(tSrS, tOrP);
+  }
+
+  // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
+  // Leaves the last block's P V to tail() or tail_and_next_head(); frees this tile's Q.
   template <class TensorO>
-  __device__ void run(SharedStorage& ss, typename P::Q& pipe_q, typename P::KV& pipe_k, typename P::KV& pipe_v,
-                      const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
-                      const PingpongScheduler<Traits::kNumMmaWG>& ping, bool overlap, int mma_tidx) {
+  __device__ void body(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
+                       const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
     using namespace cute;
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(mma_tidx);
-    auto thr_pv = mma_pv.get_thread_slice(mma_tidx);
-    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (MMA, MMA_M, MMA_K)
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, PIPE)
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, PIPE)
-    Tensor tScS = thr_qk.partition_C(make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
-    Tensor cS = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));  // (row, col) in the tile
+    Tensor tSrQ = q_frag(ss, mma_tidx)(_, _, _, q_read.index());
+    Tensor tSrK = k_frag(ss, mma_tidx);
+    Tensor tOrV = v_frag(ss, mma_tidx);
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    const int row0 = m_block * kBlockM;
-
-    // Softcap + boundary mask + online softmax of one S block; leaves P (fp32) in tSrS.
-    auto softmax_block = [&](auto& tSrS, int n, float(&scale)[kRows]) {
-      Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-      sm.apply_softcap(s);
-      if (w.mask.tile_needs_mask(row0, kBlockM, n * kBlockN, kBlockN)) apply_mask(s, cS, w.mask, row0, n * kBlockN);
-      sm.step(s, scale);
-    };
-    auto new_s = [&]() { return partition_fragment_C(mma_qk, cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}); };
-    using AccS = decltype(new_s());
-    auto tOrP = make_tensor<Element>(acc_as_a_operand(AccS{}.layout()));
-
-    float scale[kRows];
-    int n = w.n_end - 1;
-    pipe_q.consumer_wait(q_read);
-    if (overlap) {
-      {
-        Tensor tSrS = new_s();
-        pipe_k.consumer_wait(kv_read);
-        ping.wait_turn();
-        gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
-        ping.pass_turn();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        pipe_k.consumer_release(kv_read);
-        softmax_block(tSrS, n, scale);
-        convert_fragment(tSrS, tOrP);
-      }
-      for (--n; n >= w.n_begin; --n) {
-        typename P::KVState v_read = kv_read;  // V of the previous block
-        ++kv_read;
-        Tensor tSrS = new_s();
-        pipe_k.consumer_wait(kv_read);
-        ping.wait_turn();
-        gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
-        rescale_rows(o_rc, scale);
-        pipe_v.consumer_wait(v_read);
-        gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
-        ping.pass_turn();
-        warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
-        warpgroup_fence_operand(tSrS);
-        pipe_k.consumer_release(kv_read);
-        softmax_block(tSrS, n, scale);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        pipe_v.consumer_release(v_read);
-        convert_fragment(tSrS, tOrP);
-      }
-      pipe_q.consumer_release(q_read);  // every Q K^T of the tile has completed
+    for (int n = w.n_end - 2; n >= w.n_begin; --n) {
+      typename P::KVState v_read = kv_read;  // V of the previous block
+      ++kv_read;
+      Tensor tSrS = new_s();
+      pipes.k.consumer_wait(kv_read);
+      ping.wait_turn();
+      gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
       rescale_rows(o_rc, scale);
-      pipe_v.consumer_wait(kv_read);
+      pipes.v.consumer_wait(v_read);
+      gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+      ping.pass_turn();
+      warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
+      warpgroup_fence_operand(tSrS);
+      pipes.k.consumer_release(kv_read);
+      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipes.v.consumer_release(v_read);
+      convert_fragment(tSrS, tOrP);
+    }
+    pipes.q.consumer_release(q_read);  // every Q K^T of the tile has completed
+    ++q_read;
+  }
+
+  // The last block's P V.
+  template <class TensorO>
+  __device__ void tail(SharedStorage& ss, Pipes pipes, TensorO& tOrO, int mma_tidx) {
+    using namespace cute;
+    TiledMmaPV mma_pv;
+    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+    rescale_rows(o_rc, scale);
+    pipes.v.consumer_wait(kv_read);
+    gemm_async<false>(mma_pv, tOrP, v_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tOrO);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    pipes.v.consumer_release(kv_read);
+    ++kv_read;
+  }
+
+  // This tile's last P V with the next tile's head (w_next, sm_next) under it: QK of the next
+  // tile's first block, this tile's last PV, then the next tile's first softmax while the PV
+  // runs. tOrO is this tile's O, complete on return; tOrP then holds the next tile's first P.
+  template <class TensorO>
+  __device__ void tail_and_next_head(SharedStorage& ss, Pipes pipes, TensorO& tOrO, const TileWork& w_next,
+                                     int m_block_next, Softmax& sm_next,
+                                     const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+    using namespace cute;
+    TiledMmaQK mma_qk;
+    TiledMmaPV mma_pv;
+    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+    typename P::KVState v_read = kv_read;  // V of this tile's last block
+    ++kv_read;                             // K of the next tile's first block
+    Tensor tSrS = new_s();
+    pipes.q.consumer_wait(q_read);
+    pipes.k.consumer_wait(kv_read);
+    ping.wait_turn();
+    gemm_async<true>(mma_qk, q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tSrS);
+    rescale_rows(o_rc, scale);
+    pipes.v.consumer_wait(v_read);
+    gemm_async<false>(mma_pv, tOrP, v_frag(ss, mma_tidx)(_, _, _, v_read.index()), tOrO);
+    ping.pass_turn();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    pipes.k.consumer_release(kv_read);
+    softmax_block(tSrS, w_next, m_block_next, w_next.n_end - 1, sm_next, mma_tidx);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    pipes.v.consumer_release(v_read);
+    convert_fragment(tSrS, tOrP);
+  }
+
+  // The plain schedule (ablation): one whole tile, each block's GEMMs waited for in turn.
+  template <class TensorO>
+  __device__ void run_plain(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO,
+                            Softmax& sm, const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+    using namespace cute;
+    TiledMmaQK mma_qk;
+    TiledMmaPV mma_pv;
+    Tensor tSrQ = q_frag(ss, mma_tidx)(_, _, _, q_read.index());
+    Tensor tSrK = k_frag(ss, mma_tidx);
+    Tensor tOrV = v_frag(ss, mma_tidx);
+    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+    pipes.q.consumer_wait(q_read);
+    for (int n = w.n_end - 1; n >= w.n_begin; --n) {
+      Tensor tSrS = new_s();
+      pipes.k.consumer_wait(kv_read);
+      ping.wait_turn();
+      gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
+      ping.pass_turn();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      pipes.k.consumer_release(kv_read);
+      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
+      convert_fragment(tSrS, tOrP);
+      rescale_rows(o_rc, scale);
+      pipes.v.consumer_wait(kv_read);
       gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, kv_read.index()), tOrO);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      pipe_v.consumer_release(kv_read);
+      warpgroup_fence_operand(tOrP);
+      pipes.v.consumer_release(kv_read);
       ++kv_read;
-    } else {
-      for (; n >= w.n_begin; --n) {
-        Tensor tSrS = new_s();
-        pipe_k.consumer_wait(kv_read);
-        ping.wait_turn();
-        gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
-        ping.pass_turn();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        pipe_k.consumer_release(kv_read);
-        softmax_block(tSrS, n, scale);
-        convert_fragment(tSrS, tOrP);
-        rescale_rows(o_rc, scale);
-        pipe_v.consumer_wait(kv_read);
-        gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, kv_read.index()), tOrO);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        pipe_v.consumer_release(kv_read);
-        ++kv_read;
-      }
-      pipe_q.consumer_release(q_read);
     }
+    pipes.q.consumer_release(q_read);
     ++q_read;
+  }
+
+ private:
+  __device__ static auto new_s() { return cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}); }
+  // WGMMA descriptors of this warpgroup's operands: (MMA, MMA_M|N, MMA_K, stage).
+  __device__ static auto q_frag(SharedStorage& ss, int mma_tidx) {
+    cute::Tensor sQ = cute::make_tensor(cute::make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    return TiledMmaQK{}.get_thread_slice(mma_tidx).partition_fragment_A(sQ);
+  }
+  __device__ static auto k_frag(SharedStorage& ss, int mma_tidx) {
+    cute::Tensor sK = cute::make_tensor(cute::make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    return TiledMmaQK{}.get_thread_slice(mma_tidx).partition_fragment_B(sK);
+  }
+  __device__ static auto v_frag(SharedStorage& ss, int mma_tidx) {
+    cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+    return TiledMmaPV{}.get_thread_slice(mma_tidx).partition_fragment_B(sVt);
+  }
+
+  // Softcap + boundary mask + online softmax of key block n; leaves P (fp32) in tSrS and the
+  // O rescale factors in scale.
+  template <class TensorS>
+  __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, Softmax& sm, int mma_tidx) {
+    using namespace cute;
+    Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    sm.apply_softcap(s);
+    const int row0 = m_block * kBlockM;
+    if (w.mask.tile_needs_mask(row0, kBlockM, n * kBlockN, kBlockN)) {
+      Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
+          make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
+      apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, n * kBlockN);
+    }
+    sm.step(s, scale);
   }
 };
 

@@ -4,8 +4,9 @@
 //             the TMA copy completes the transaction on "full".
 //   consumer: consumer_wait(state) waits "full"; consumer_release(state) arrives on "empty"
 //             (every consumer thread arrives: the count is kNumMmaThreads with cluster size 1).
-// Q is a 1-stage pipeline of its own, released when the tile's last Q K^T GEMM is done,
-// so a persistent CTA can load the next tile's Q while the current tile finishes P V.
+// Q is a pipeline of its own (1 or 2 stages, tile_shapes.h), released when the tile's last
+// Q K^T GEMM is done, so a persistent CTA loads the next tile's Q while the current tile
+// finishes; with 2 stages the load starts a whole tile ahead.
 #pragma once
 
 #include <cutlass/pipeline/sm90_pipeline.hpp>
@@ -15,9 +16,9 @@ namespace flashattn::sm90 {
 template <class Traits>
 struct Pipelines {
   using KV = cutlass::PipelineTmaAsync<Traits::kStages>;
-  using Q = cutlass::PipelineTmaAsync<1>;
+  using Q = cutlass::PipelineTmaAsync<Traits::kStagesQ>;
   using KVState = cutlass::PipelineState<Traits::kStages>;
-  using QState = cutlass::PipelineState<1>;
+  using QState = cutlass::PipelineState<Traits::kStagesQ>;
 
   struct SharedStorage {
     typename Q::SharedStorage q;

@@ -1,8 +1,10 @@
 // The producer: one thread of warpgroup 0 issues every TMA load (Q_i, K_j, V_j) of every tile
 // this CTA computes, running ahead of the consumers by up to kStages key blocks.
 // Load order per tile, matching the consumers' order with intra-warpgroup overlap
-// (S_{j+1} = Q K_{j+1}^T is issued before O += P_j V_j):  K_last, Q, then (K_{j-1}, V_j)
-// pairs walking down, then V_first. K and V have separate pipelines, so a consumer that does
+// (S_{j+1} = Q K_{j+1}^T is issued before O += P_j V_j):  Q and K_last, then (K_{j-1}, V_j)
+// pairs walking down, then V_first. With one Q buffer, K_last goes first (the consumers still
+// hold the old Q until their last Q K^T); with two, Q goes first: its buffer was freed a tile
+// ago, so the next tile's Q is in smem well before the consumers reach it. K and V have separate pipelines, so a consumer that does
 // not overlap (K_j, V_j, K_{j-1}, ...) also never waits on a load queued behind its own need.
 #pragma once
 
@@ -64,7 +66,7 @@ struct Producer {
                              cute::Shape<cute::Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, D, n)
       Tensor gV = local_tile(domain_offset(make_coord(int32_t(w.seq.k_offset), _0{}), mV(_, _, kv_head, b)),
                              cute::Shape<cute::Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
-      // (TMA) for Q; (TMA, n) and (TMA, stage) for K and V.
+      // (TMA, stage) for Q; (TMA, n) and (TMA, stage) for K and V.
       auto tQ = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto tK = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto tV = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -85,12 +87,15 @@ struct Producer {
         copy(p.tma_v.with(*pipe_v.producer_get_barrier(s), 0, Hint::EVICT_LAST), tVgV(_, n), tVsV(_, s.index()));
       };
 
+      auto load_q = [&]() {
+        pipe_q.producer_acquire(q_state);
+        copy(p.tma_q.with(*pipe_q.producer_get_barrier(q_state), 0, Hint::EVICT_FIRST), tQgQ, tQsQ(_, q_state.index()));
+        ++q_state;
+      };
       int n = w.n_end - 1;
+      if constexpr (Traits::kStagesQ > 1) load_q();
       load_k(n, kv_state);
-      // Q after the first K: the K load can start while the consumers still hold the old Q.
-      pipe_q.producer_acquire(q_state);
-      copy(p.tma_q.with(*pipe_q.producer_get_barrier(q_state), 0, Hint::EVICT_FIRST), tQgQ, tQsQ);
-      ++q_state;
+      if constexpr (Traits::kStagesQ == 1) load_q();
       for (--n; n >= w.n_begin; --n) {
         typename P::KVState v_state = kv_state;  // V trails K by one block
         ++kv_state;

@@ -61,9 +61,21 @@ struct Traits {
                                  cute::GMMA::Major::MN>(),
       AtomLayoutMma{}));
 
+  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
+  static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemLimit = 227 * 1024 - 1024;  // minus barriers and alignment slack
+  // A second Q buffer lets the producer load the next tile's Q while this one's last Q K^T
+  // still reads the first, so a consumer can start the next tile's first Q K^T before its last
+  // P V (kernel.h, cross-tile overlap). Only where it fits beside 2 stages of K and V:
+  // hdim 64/96 and 128 with 128-key blocks (not 128 x 176, 192, 256).
+  static constexpr int kStagesQ = 2 * kBytesQ + 2 * kStages * kBytesKV <= kSmemLimit ? 2 : 1;
+  // Cross-tile overlap keeps two tiles' state live at the boundary: only with 240-register
+  // consumers (2 warpgroups); hdim 64's 160-register consumers spilled twice as much with it.
+  static constexpr bool kCrossTileOverlap = kStagesQ == 2 && kNumMmaWG == 2;
+
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
-  using SmemLayoutQ =
-      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesQ>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   using SmemLayoutV = SmemLayoutK;
@@ -72,9 +84,6 @@ struct Traits {
       SmemLayoutV{},
       cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
-
-  static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
 
   // O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
   // a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
@@ -89,7 +98,7 @@ struct Traits {
       cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kHeadDim>>{},
                         cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kHeadDim>>, cute::_64>{})));
   static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr bool kTmaStoreO = kBytesQ + 2 * kStages * kBytesKV + kBytesO + 1024 <= 227 * 1024;
+  static constexpr bool kTmaStoreO = kStagesQ * kBytesQ + 2 * kStages * kBytesKV + kBytesO <= kSmemLimit;
 };
 
 }  // namespace flashattn::sm90

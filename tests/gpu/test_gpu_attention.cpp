@@ -347,6 +347,24 @@ std::vector<GridCase> grid_cases() {
     c.causal = true;
     v.push_back({"long_4097_sampled", c, /*backward=*/false, /*sampled=*/true});
   }
+  // More tiles than SMs, so persistent sm90 CTAs run several tiles each and start the next
+  // tile's first block under the last one's (cross-tile overlap): static and dynamic schedules,
+  // with tiles that have no keys (causal sq > sk, empty varlen sequences) in between.
+  {
+    Case c = base(128, B16, 2, 1100, 700, 16, 4);
+    v.push_back({"persistent_tiles_gqa", c, /*backward=*/false});
+  }
+  {
+    Case c = base(64, F16, 3, 700, 300, 16, 16);
+    c.causal = true;
+    v.push_back({"persistent_causal_sq_gt_sk", c, /*backward=*/false});
+  }
+  {
+    Case c = base(128, F16, 1, 64, 64, 16, 4);
+    c.seqlens_q = {1000, 65, 700, 1, 300};
+    c.seqlens_k = {300, 0, 1300, 9, 257};
+    v.push_back({"persistent_varlen_empty_keys", c, /*backward=*/false});
+  }
   return v;
 }
 
