@@ -3,7 +3,7 @@
 //   flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim 128]
 //                   [--seqlen 4096] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16]
 //                   [--iters 10] [--sweep] [--json FILE]
-//                   [--no-pingpong] [--no-overlap] [--no-cross-tile] [--ablation]
+//                   [--no-pingpong] [--no-overlap] [--ablation]
 //
 // FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d, halved when causal; bwd 2.5x fwd;
 // fwdbwd 3.5x fwd. GPU timing: CUDA events around each call after warm-up, median of >= 10
@@ -12,9 +12,7 @@
 // batch = 16384/seqlen), hdim 64/128/256, seqlen 512..16k, causal and not.
 // sm90 forward ablation (FA3 paper, Table 2): --no-pingpong / --no-overlap turn off the
 // pingpong schedule between consumer warpgroups / the intra-warpgroup softmax-GEMM overlap;
-// --no-cross-tile keeps the overlap inside tiles (a CTA's next tile starts after the epilogue);
-// --ablation times all four pingpong/overlap combinations per shape, then cross-tile off
-// (impl names say which is off).
+// --ablation times all four combinations per shape (impl names say which is off).
 // Without CUDA (or with --backend cpu) it times the CPU path on a couple of small shapes and
 // checks it against the reference path (the "CPU demo").
 #include <algorithm>
@@ -40,7 +38,7 @@ struct Config {
   std::string backend = "auto", mode = "fwd", dtype = "bf16", json;
   int hdim = 128, seqlen = 4096, batch = 0, nheads = 0, iters = 10;
   bool causal = false, sweep = false;
-  bool pingpong = true, overlap = true, cross_tile = true, ablation = false;  // sm90 forward switches
+  bool pingpong = true, overlap = true, ablation = false;  // sm90 forward switches
 };
 
 struct Row {
@@ -54,7 +52,7 @@ struct Row {
   std::fprintf(stderr,
                "%s\nusage: flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim D]\n"
                "       [--seqlen S] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16] [--iters N]\n"
-               "       [--sweep] [--json FILE] [--no-pingpong] [--no-overlap] [--no-cross-tile] [--ablation]\n",
+               "       [--sweep] [--json FILE] [--no-pingpong] [--no-overlap] [--ablation]\n",
                why);
   std::exit(2);
 }
@@ -79,15 +77,14 @@ Config parse(int argc, char** argv) {
     else if (a == "--causal") c.causal = true;
     else if (a == "--sweep") c.sweep = true;
     else if (a == "--no-pingpong") c.pingpong = false;
-    else if (a == "--no-cross-tile") c.cross_tile = false;
     else if (a == "--no-overlap") c.overlap = false;
     else if (a == "--ablation") c.ablation = true;
     else if (a == "-h" || a == "--help") usage("flashattn-bench: TFLOP/s of flashattn");
     else usage(("unknown argument " + a).c_str());
   }
   if (c.mode != "fwd" && c.mode != "bwd" && c.mode != "fwdbwd") usage("--mode: fwd, bwd or fwdbwd");
-  if ((c.ablation || !c.pingpong || !c.overlap || !c.cross_tile) && (c.backend != "sm90" || c.mode != "fwd"))
-    usage("--no-pingpong, --no-overlap, --no-cross-tile and --ablation apply to --backend sm90 --mode fwd");
+  if ((c.ablation || !c.pingpong || !c.overlap) && (c.backend != "sm90" || c.mode != "fwd"))
+    usage("--no-pingpong, --no-overlap and --ablation apply to --backend sm90 --mode fwd");
   if (c.dtype != "bf16" && c.dtype != "fp16") usage("--dtype: bf16 or fp16");
   if (c.backend != "sm80" && c.backend != "sm90" && c.backend != "auto" && c.backend != "cpu")
     usage("--backend: sm80, sm90, auto or cpu");
@@ -309,8 +306,8 @@ int main(int argc, char** argv) {
   int ndev = 0;
   gpu = cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0 && c.backend != "cpu";
 #endif
-  if (!gpu && (c.ablation || !c.pingpong || !c.overlap || !c.cross_tile)) {
-    std::fprintf(stderr, "--no-pingpong, --no-overlap, --no-cross-tile and --ablation need a GPU with the sm90 path\n");
+  if (!gpu && (c.ablation || !c.pingpong || !c.overlap)) {
+    std::fprintf(stderr, "--no-pingpong, --no-overlap and --ablation need a GPU with the sm90 path\n");
     return 2;
   }
   if (!gpu && c.backend != "cpu") {
@@ -337,14 +334,12 @@ int main(int argc, char** argv) {
   }
   const std::string impl = impl_name(c.backend);
   struct Variant {
-    bool pingpong, overlap, cross_tile;
+    bool pingpong, overlap;
   };
-  std::vector<Variant> variants = {{c.pingpong, c.overlap, c.cross_tile}};
-  if (c.ablation)
-    variants = {{true, true, true}, {false, true, true}, {true, false, true}, {false, false, true}, {true, true, false}};
+  std::vector<Variant> variants = {{c.pingpong, c.overlap}};
+  if (c.ablation) variants = {{true, true}, {false, true}, {true, false}, {false, false}};
   auto variant_name = [&](const Variant& v) {
-    return impl + (v.pingpong ? "" : "-no-pingpong") + (v.overlap ? "" : "-no-overlap") +
-           (v.cross_tile || !v.overlap ? "" : "-no-cross-tile");
+    return impl + (v.pingpong ? "" : "-no-pingpong") + (v.overlap ? "" : "-no-overlap");
   };
   std::vector<Row> rows;
   bool all_ok = true;
@@ -353,8 +348,7 @@ int main(int argc, char** argv) {
   for (const Shape& sh : shapes) {
     for (const Variant& var : variants) {
       Row r{variant_name(var), c.mode, c.backend == "cpu" ? "fp32" : c.dtype, sh.d, sh.s, sh.b, sh.h, sh.causal, 0, 0};
-      if (c.backend == "sm90" && (flashattn_sm90_set_ablation(var.pingpong, var.overlap) != FLASHATTN_SUCCESS ||
-                                  flashattn_sm90_set_cross_tile_overlap(var.cross_tile) != FLASHATTN_SUCCESS)) {
+      if (c.backend == "sm90" && flashattn_sm90_set_ablation(var.pingpong, var.overlap) != FLASHATTN_SUCCESS) {
         std::fprintf(stderr, "  %s\n", flashattn_last_error());
         all_ok = false;
         continue;

@@ -17,13 +17,6 @@ extern "C" {
  * build has no sm90 path, FLASHATTN_ERROR_INVALID_ARGUMENT for values other than 0 and 1. */
 FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpong, int intra_warpgroup_overlap);
 
-/* Third sm90 forward ablation switch: a persistent CTA issues its next tile's first Q K^T and
- * softmax under the current tile's last P V (only with intra_warpgroup_overlap on, and only for
- * tiles with two Q buffers and two consumer warpgroups: hdim 96, and 128 below 8k keys).
- * 1 = on (default), 0 = off.
- * Same return codes as flashattn_sm90_set_ablation. */
-FLASHATTN_API flashattn_status flashattn_sm90_set_cross_tile_overlap(int enabled);
-
 /* Caps the shared memory per block that the sm80 (portable) path assumes it may use, in bytes;
  * 0 (default) = the device's own opt-in limit. A large-smem GPU then runs the kernels (tile and
  * buffering choices) that a smaller one would, e.g. 166912 for an A100; what needs more than the

@@ -160,10 +160,6 @@ flashattn_status flashattn_device_capability(int32_t device, flashattn_device_in
 extern "C" flashattn_status flashattn_sm90_set_ablation(int, int) {
   return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "flashattn_sm90_set_ablation: this build has no sm90 path");
 }
-extern "C" flashattn_status flashattn_sm90_set_cross_tile_overlap(int) {
-  return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
-                              "flashattn_sm90_set_cross_tile_overlap: this build has no sm90 path");
-}
 #endif
 
 #if !defined(FLASHATTN_HAS_SM80)

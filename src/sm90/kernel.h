@@ -5,9 +5,7 @@
 //                 per tile: O = 0, m = -inf, l = 0; the mainloop over key blocks
 //                 (S = QK^T, softmax, O += PV); the epilogue (O / l, LSE; O through smem
 //                 and a TMA store).
-//                 With intra-warpgroup overlap a tile is head, body, tail (mainloop.h), and
-//                 with cross-tile overlap the next tile's head runs under this tile's tail,
-//                 so a persistent CTA's tensor cores do not drain at tile boundaries.
+//                 With intra-warpgroup overlap a tile is head, body, tail (mainloop.h).
 // This file only coordinates; each technique lives in its own header.
 #pragma once
 
@@ -82,70 +80,26 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   const typename ML::Pipes pipes{pipe_q, pipe_k, pipe_v};
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
-  // The next tile of this CTA that has query rows (same sequence as the producer's).
+  const bool overlap = p.intra_warpgroup_overlap != 0;
   const bool dynamic = p.scheduler.counter != nullptr;
-  int k = 0;
-  auto next_tile = [&](TileCoord& t, TileWork& w) {
-    for (;;) {
-      const int tile = dynamic ? TileQueue::pop(ss.tiles, k) : p.scheduler.static_tile(k);
-      ++k;
-      if (tile >= p.scheduler.num_tiles) return false;
-      t = p.scheduler.coord(tile);
-      w = make_tile_work<Traits>(p.fwd, t);
-      if (w.has_rows) return true;
+  for (int k = 0, tile; (tile = dynamic ? TileQueue::pop(ss.tiles, k) : p.scheduler.static_tile(k)) <
+                        p.scheduler.num_tiles;
+       ++k) {
+    const TileCoord t = p.scheduler.coord(tile);
+    const TileWork w = make_tile_work<Traits>(p.fwd, t);
+    if (!w.has_rows) continue;
+    typename ML::AccO tOrO;
+    clear(tOrO);
+    typename ML::Softmax sm;
+    sm.init(tf);
+    if (!w.empty() && overlap) {
+      mainloop.head(ss, pipes, w, t.m_block, sm, ping, mma_tidx);
+      mainloop.body(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
+      mainloop.tail(ss, pipes, tOrO, mma_tidx);
+    } else if (!w.empty()) {  // ablation: the plain schedule
+      mainloop.run_plain(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
     }
-  };
-
-  typename ML::AccO tOrO;
-  typename ML::Softmax sm;
-  TileCoord t;
-  TileWork w;
-  bool more = next_tile(t, w);
-  if (p.intra_warpgroup_overlap == 0) {  // ablation: the plain schedule
-    for (; more; more = next_tile(t, w)) {
-      clear(tOrO);
-      sm.init(tf);
-      if (!w.empty()) mainloop.run_plain(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-      Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
-    }
-  } else if (!Traits::kCrossTileOverlap || p.cross_tile_overlap == 0) {  // tile after tile
-    for (; more; more = next_tile(t, w)) {
-      clear(tOrO);
-      sm.init(tf);
-      if (!w.empty()) {
-        mainloop.head(ss, pipes, w, t.m_block, sm, ping, mma_tidx);
-        mainloop.body(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-        mainloop.tail(ss, pipes, tOrO, mma_tidx);
-      }
-      Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
-    }
-  } else if constexpr (Traits::kCrossTileOverlap) {  // the next tile's head under this tile's tail
-    if (more) {
-      clear(tOrO);
-      sm.init(tf);
-      if (!w.empty()) mainloop.head(ss, pipes, w, t.m_block, sm, ping, mma_tidx);
-    }
-    while (more) {
-      if (!w.empty()) mainloop.body(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-      TileCoord t_next;
-      TileWork w_next;
-      more = next_tile(t_next, w_next);
-      typename ML::Softmax sm_next;
-      sm_next.init(tf);
-      const bool joined = more && !w.empty() && !w_next.empty();
-      if (joined) {
-        mainloop.tail_and_next_head(ss, pipes, tOrO, w_next, t_next.m_block, sm_next, ping, mma_tidx);
-      } else if (!w.empty()) {
-        mainloop.tail(ss, pipes, tOrO, mma_tidx);
-      }
-      Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
-      if (!more) break;
-      clear(tOrO);
-      sm = sm_next;
-      t = t_next;
-      w = w_next;
-      if (!joined && !w.empty()) mainloop.head(ss, pipes, w, t.m_block, sm, ping, mma_tidx);
-    }
+    Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
   }
   Epilogue<Traits>::finish(mma_tidx);
 }

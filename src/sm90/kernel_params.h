@@ -47,7 +47,6 @@ struct KernelParams {
   TileScheduler scheduler;
   int pingpong;                 // ablation switches, read once per CTA
   int intra_warpgroup_overlap;
-  int cross_tile_overlap;       // needs intra_warpgroup_overlap and two Q buffers
 };
 
 // One tile's problem: where the sequence lives, its mask and the key blocks to visit.

@@ -15,7 +15,6 @@ namespace {
 
 std::atomic<int> g_pingpong{1};
 std::atomic<int> g_overlap{1};
-std::atomic<int> g_cross_tile{1};
 
 #define FA_SM90_FOR_EACH_DTYPE(D)                                                                          \
   extern template flashattn_status launch_fwd<D, cutlass::half_t>(const FwdParams&, cudaStream_t,          \
@@ -103,7 +102,7 @@ flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   LaunchFn fn = find_launch(p.shape.headdim, p.dtype);
   if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
   const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed),
-                          g_cross_tile.load(std::memory_order_relaxed), workspace};
+                          workspace};
   return fn(p, static_cast<cudaStream_t>(stream), opt);
 }
 
@@ -134,15 +133,6 @@ extern "C" FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpo
                                 pingpong, intra_warpgroup_overlap);
   flashattn::sm90::g_pingpong.store(pingpong);
   flashattn::sm90::g_overlap.store(intra_warpgroup_overlap);
-  flashattn::clear_error();
-  return FLASHATTN_SUCCESS;
-}
-
-extern "C" FLASHATTN_API flashattn_status flashattn_sm90_set_cross_tile_overlap(int enabled) {
-  if (enabled != 0 && enabled != 1)
-    return flashattn::set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                                "flashattn_sm90_set_cross_tile_overlap: enabled %d (0 or 1)", enabled);
-  flashattn::sm90::g_cross_tile.store(enabled);
   flashattn::clear_error();
   return FLASHATTN_SUCCESS;
 }

@@ -15,7 +15,6 @@ namespace flashattn::sm90 {
 struct LaunchOptions {
   int pingpong;
   int intra_warpgroup_overlap;
-  int cross_tile_overlap;
   void* workspace;  // fwd_workspace_bytes(): the dynamic scheduler's tile counter, or null
 };
 
@@ -71,7 +70,6 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
   p.fwd = f;
   p.pingpong = opt.pingpong;
   p.intra_warpgroup_overlap = opt.intra_warpgroup_overlap;
-  p.cross_tile_overlap = opt.cross_tile_overlap;
 
   const int num_m = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;  // varlen: max_seqlen_q
   const int64_t tiles = int64_t(num_m) * s.nheads_q * s.batch;

@@ -8,11 +8,9 @@
 //   overlap: issue QK_j, then PV of the previous block (its P is ready), wait for QK_j only
 //            (warpgroup_wait<1>) and run block j's softmax while that PV runs, then wait.
 //            A tile is head() (its first block: QK + softmax, nothing to overlap), body()
-//            (every other block) and tail() (the last block's PV). Between two tiles of a
-//            persistent CTA, tail_and_next_head() runs the next tile's head under this tile's
-//            last PV, exactly as between two key blocks (needs the second Q buffer).
+//            (every other block) and tail() (the last block's PV).
 // Pingpong (named_barriers.h) orders the GEMM issue of the consumer warpgroups: one turn per
-// key block (head, each body block; tail_and_next_head stands for the next tile's head).
+// key block (head, each body block).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -105,7 +103,7 @@ struct Mainloop {
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
-  // Leaves the last block's P V to tail() or tail_and_next_head(); frees this tile's Q.
+  // Leaves the last block's P V to tail(); frees this tile's Q.
   template <class TensorO>
   __device__ void body(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                        const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
@@ -154,39 +152,6 @@ struct Mainloop {
     warpgroup_fence_operand(tOrO);
     pipes.v.consumer_release(kv_read);
     ++kv_read;
-  }
-
-  // This tile's last P V with the next tile's head (w_next, sm_next) under it: QK of the next
-  // tile's first block, this tile's last PV, then the next tile's first softmax while the PV
-  // runs. tOrO is this tile's O, complete on return; tOrP then holds the next tile's first P.
-  template <class TensorO>
-  __device__ void tail_and_next_head(SharedStorage& ss, Pipes pipes, TensorO& tOrO, const TileWork& w_next,
-                                     int m_block_next, Softmax& sm_next,
-                                     const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
-    using namespace cute;
-    TiledMmaQK mma_qk;
-    TiledMmaPV mma_pv;
-    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    typename P::KVState v_read = kv_read;  // V of this tile's last block
-    ++kv_read;                             // K of the next tile's first block
-    Tensor tSrS = new_s();
-    pipes.q.consumer_wait(q_read);
-    pipes.k.consumer_wait(kv_read);
-    ping.wait_turn();
-    gemm_async<true>(mma_qk, q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tSrS);
-    rescale_rows(o_rc, scale);
-    pipes.v.consumer_wait(v_read);
-    gemm_async<false>(mma_pv, tOrP, v_frag(ss, mma_tidx)(_, _, _, v_read.index()), tOrO);
-    ping.pass_turn();
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(tSrS);
-    pipes.k.consumer_release(kv_read);
-    softmax_block(tSrS, w_next, m_block_next, w_next.n_end - 1, sm_next, mma_tidx);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    pipes.v.consumer_release(v_read);
-    convert_fragment(tSrS, tOrP);
   }
 
   // The plain schedule (ablation): one whole tile, each block's GEMMs waited for in turn.

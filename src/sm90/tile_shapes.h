@@ -64,14 +64,10 @@ struct Traits {
   static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kSmemLimit = 227 * 1024 - 1024;  // minus barriers and alignment slack
-  // A second Q buffer lets the producer load the next tile's Q while this one's last Q K^T
-  // still reads the first, so a consumer can start the next tile's first Q K^T before its last
-  // P V (kernel.h, cross-tile overlap). Only where it fits beside 2 stages of K and V:
+  // A second Q buffer lets the producer load the next tile's Q a tile ahead (producer.h)
+  // instead of after this tile's last Q K^T. Only where it fits beside 2 stages of K and V:
   // hdim 64/96 and 128 with 128-key blocks (not 128 x 176, 192, 256).
   static constexpr int kStagesQ = 2 * kBytesQ + 2 * kStages * kBytesKV <= kSmemLimit ? 2 : 1;
-  // Cross-tile overlap keeps two tiles' state live at the boundary: only with 240-register
-  // consumers (2 warpgroups); hdim 64's 160-register consumers spilled twice as much with it.
-  static constexpr bool kCrossTileOverlap = kStagesQ == 2 && kNumMmaWG == 2;
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemLayoutQ = decltype(cute::tile_to_shape(

@@ -347,9 +347,9 @@ std::vector<GridCase> grid_cases() {
     c.causal = true;
     v.push_back({"long_4097_sampled", c, /*backward=*/false, /*sampled=*/true});
   }
-  // More tiles than SMs, so persistent sm90 CTAs run several tiles each and start the next
-  // tile's first block under the last one's (cross-tile overlap): static and dynamic schedules,
-  // with tiles that have no keys (causal sq > sk, empty varlen sequences) in between.
+  // More tiles than SMs, so persistent sm90 CTAs run several tiles each and cycle through both
+  // Q buffers: static and dynamic schedules, with tiles that have no keys (causal sq > sk,
+  // empty varlen sequences) in between.
   {
     Case c = base(128, B16, 2, 1100, 700, 16, 4);
     v.push_back({"persistent_tiles_gqa", c, /*backward=*/false});

@@ -330,8 +330,8 @@ int main(int argc, char** argv) {
       {"d128 bf16 varlen q(1000,65,700,1) k(300,65,1300,9) h32/8", 128, BF, 0, 0, 0, 32, 8, 0, -1, -1, 0.f,
        {1000, 65, 700, 1}, {300, 65, 1300, 9}},
       {"d64 bf16 b8 h16/16 777x777 window(200,0)", 64, BF, 8, 777, 777, 16, 16, 0, 200, 0, 0.f, {}, {}},
-      // Cross-tile overlap (two Q buffers: hdim 64/96/128 below 8k keys) over many tiles per CTA,
-      // with keyless tiles (causal sq > sk) between tiles that have keys.
+      // Many tiles per CTA with two Q buffers (hdim 64/96/128 below 8k keys), with keyless
+      // tiles (causal sq > sk) between tiles that have keys.
       {"d128 bf16 b2 h16/4 1100x700 (persistent)", 128, BF, 2, 1100, 700, 16, 4, 0, -1, -1, 0.f, {}, {}},
       {"d64 fp16 b3 h16/16 700x300 causal (dynamic, keyless tiles)", 64, FP, 3, 700, 300, 16, 16, 1, -1, -1, 0.f, {}, {}},
       {"d96 bf16 b2 h16/8 1300x1300 window(300,300) (dynamic)", 96, BF, 2, 1300, 1300, 16, 8, 0, 300, 300, 0.f, {}, {}},
