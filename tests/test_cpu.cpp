@@ -15,6 +15,7 @@
 
 #include "api/backend.h"
 #include "common/mask.h"
+#include "common/softmax.h"
 #include "cpu/cpu_attention.h"
 #include "cpu/parallel.h"
 #include "test_util.h"
@@ -174,6 +175,58 @@ TEST(MaskPolicy, InteriorTilesSkipMasking) {
       clean += c <= r && !causal.tile_needs_mask(r * 64, 64, c * 64, 64);
     }
   EXPECT_EQ(clean, 6);
+}
+
+// ---- online softmax (src/common/softmax.h) ---------------------------------------------------
+
+// The lazy max (sm90 forward) against the eager one over rows of blocks with masked (-inf)
+// starts, outlier jumps (forcing an update) and drift within the slack: same output and LSE,
+// every exp2 term <= 2^slack, and far fewer rescales.
+TEST(OnlineSoftmax, LazyMaxMatchesEagerAndBoundsTerms) {
+  std::mt19937_64 rng(20261123);
+  std::normal_distribution<double> nd(0.0, 3.0);
+  const float slack = 8.f;
+  int eager_rescales = 0, lazy_rescales = 0;
+  for (int row = 0; row < 200; ++row) {
+    const int blocks = 1 + int(rng() % 40), bn = 16;
+    OnlineSoftmaxRow eager, lazy;
+    eager.init();
+    lazy.init();
+    double oe = 0, ol = 0;  // sum of p * value
+    for (int b = 0; b < blocks; ++b) {
+      float s[bn], val[bn];
+      const bool masked = b < int(row % 3);  // leading fully masked blocks
+      const double shift = (rng() % 7 == 0) ? 6.0 * double(rng() % 5) : 0.0;  // jumps of 0..24
+      float mx = -INFINITY;
+      for (int j = 0; j < bn; ++j) {
+        s[j] = masked ? -INFINITY : float(nd(rng) + shift + 0.05 * b);
+        val[j] = float(nd(rng));
+        mx = std::max(mx, s[j]);
+      }
+      const bool started = eager.m != -INFINITY;  // both see their first finite max together
+      const float fe = eager.update_max(mx), fl = lazy.update_max_lazy(mx, slack);
+      eager_rescales += started && fe != 1.f;
+      lazy_rescales += started && fl != 1.f;
+      oe *= fe;
+      ol *= fl;
+      for (int j = 0; j < bn; ++j) {
+        const float pe = exp2f(s[j] - eager.exp_offset()), pl = exp2f(s[j] - lazy.exp_offset());
+        EXPECT_LE(pl, exp2f(slack)) << "row " << row << " block " << b;
+        eager.l += pe;
+        lazy.l += pl;
+        oe += double(pe) * val[j];
+        ol += double(pl) * val[j];
+      }
+    }
+    if (eager.l == 0.f) {
+      EXPECT_EQ(lazy.l, 0.f);
+      EXPECT_EQ(lazy.lse(), -INFINITY);
+      continue;
+    }
+    EXPECT_NEAR(ol * lazy.inv_sum(), oe * eager.inv_sum(), 1e-5 * (1 + std::fabs(oe * eager.inv_sum())));
+    EXPECT_NEAR(lazy.lse(), eager.lse(), 1e-5f * (1.f + std::fabs(eager.lse())));
+  }
+  EXPECT_LT(lazy_rescales * 3, eager_rescales) << lazy_rescales << " vs " << eager_rescales;
 }
 
 // ---- the CPU path against the oracle -------------------------------------------------------

@@ -11,6 +11,13 @@ namespace flashattn {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// How far (log2 units) a row's max may run ahead of the stale one the GPU forwards keep
+// (OnlineSoftmaxRow::update_max_lazy): terms stay <= 2^8, well inside fp16/bf16 and fp32.
+constexpr float kLazyMaxSlackLog2 = 8.f;
+// The GPU forwards skip the O rescale (lazy max) from this head dim on. Same-run A/B on an
+// H100 (docs/perf-notes.md): +3-6% at hdim 128/256, but -5 to -9% at hdim 64, where the O
+// rescale is cheap and the skip's branch splits the softmax from the next GEMM's loads.
+constexpr int kLazyMaxMinHeadDim = 128;
 
 // Scores transform before the softmax. With softcap: s = cap * tanh(scale * qk / cap), so the
 // exponent multiplier is log2(e) alone; without it the scale folds into the multiplier.
@@ -62,6 +69,14 @@ struct OnlineSoftmaxRow {
     m = m_new;
     l *= factor;
     return factor;
+  }
+  // Lazy variant (FlashAttention-4): keep the old max while the tile's max exceeds it by at most
+  // `slack` (log2 units), so the accumulator needs no rescale (factor 1) in almost every tile.
+  // Still exact: O and l share the same stale max, and exp2(score - m) <= 2^slack keeps P
+  // (and its 16-bit copy) in range.
+  FA_HD float update_max_lazy(float tile_max, float slack) {
+    if (m != -INFINITY && tile_max <= m + slack) return 1.f;
+    return update_max(tile_max);
   }
   // The subtrahend for exp2 of this tile's scores: 0 when the row is still fully masked,
   // so exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.

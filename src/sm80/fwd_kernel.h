@@ -171,16 +171,26 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
         cute::cp_async_fence();
       }
 
-      // Online softmax in the exp2 domain: one FMA + one exp2 per score.
+      // Online softmax in the exp2 domain: one FMA + one exp2 per score. From hdim 128 the max
+      // moves lazily (common/softmax.h), so after the first blocks no row of a warp changes it
+      // and the warp skips the O rescale; below, each row is rescaled right away.
+      constexpr bool kLazyMax = kHeadDim >= kLazyMaxMinHeadDim;
+      float factor[kRows];
+      bool rescale = false;
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
         float mx = -INFINITY;
 #pragma unroll
         for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
         mx = quad_allreduce_max(mx);
-        const float factor = row_state[mi].update_max(mx * st.exp2_scale);
+        if constexpr (kLazyMax) {
+          factor[mi] = row_state[mi].update_max_lazy(mx * st.exp2_scale, kLazyMaxSlackLog2);
+          rescale |= factor[mi] != 1.f;
+        } else {
+          factor[mi] = row_state[mi].update_max(mx * st.exp2_scale);
 #pragma unroll
-        for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor;
+          for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor[mi];
+        }
         const float offset = row_state[mi].exp_offset();
         float sum = 0.f;
 #pragma unroll
@@ -190,6 +200,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
           sum += e;
         }
         row_state[mi].l += sum;  // per-thread partial; the quad is reduced once at the end
+      }
+      if (kLazyMax && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mi = 0; mi < kRows; ++mi)
+#pragma unroll
+          for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= factor[mi];
       }
 
       Tensor rP = convert_type<Element>(acc_s);

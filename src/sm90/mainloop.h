@@ -71,12 +71,13 @@ struct Mainloop {
   using AccS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using FragP = decltype(cute::make_tensor<Element>(acc_as_a_operand(AccS{}.layout())));
   static constexpr int kRows = decltype(cute::size<0>(acc_rowcol(AccO{}.layout())))::value;  // 2
-  using Softmax = WarpgroupSoftmax<kRows>;
+  using Softmax = WarpgroupSoftmax<kRows, (kD >= kLazyMaxMinHeadDim)>;
 
   typename P::KVState kv_read;  // persists across tiles, like the producer's write state
   typename P::QState q_read;
   FragP tOrP;                   // P of the block whose P V is still to be issued
   float scale[kRows];           // what O is multiplied by before that P V
+  bool rescale_o;               // some row of this warp has scale != 1 (warp-uniform)
 
   struct Pipes {
     typename P::Q& q;
@@ -121,7 +122,7 @@ struct Mainloop {
       pipes.k.consumer_wait(kv_read);
       ping.wait_turn();
       gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
-      rescale_rows(o_rc, scale);
+      if (rescale_o) rescale_rows(o_rc, scale);
       pipes.v.consumer_wait(v_read);
       gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
       ping.pass_turn();
@@ -145,7 +146,7 @@ struct Mainloop {
     using namespace cute;
     TiledMmaPV mma_pv;
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    rescale_rows(o_rc, scale);
+    if (rescale_o) rescale_rows(o_rc, scale);
     pipes.v.consumer_wait(kv_read);
     gemm_async<false>(mma_pv, tOrP, v_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tOrO);
     warpgroup_wait<0>();
@@ -177,7 +178,7 @@ struct Mainloop {
       pipes.k.consumer_release(kv_read);
       softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
       convert_fragment(tSrS, tOrP);
-      rescale_rows(o_rc, scale);
+      if (rescale_o) rescale_rows(o_rc, scale);
       pipes.v.consumer_wait(kv_read);
       gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, kv_read.index()), tOrO);
       warpgroup_wait<0>();
@@ -219,7 +220,7 @@ struct Mainloop {
           make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
       apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, n * kBlockN);
     }
-    sm.step(s, scale);
+    rescale_o = sm.step(s, scale);
   }
 };
 

@@ -50,7 +50,7 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int kRows>
+template <int kRows, bool kLazyMax>
 struct WarpgroupSoftmax {
   OnlineSoftmaxRow row[kRows];
   ScoreTransform tf;
@@ -71,9 +71,12 @@ struct WarpgroupSoftmax {
   }
 
   // S (rowcol view) -> P = exp2(S * scale - m) in place; scale[r] is what O must be multiplied
-  // by before adding this block's P V.
+  // by before adding this block's P V. kLazyMax: the max moves lazily (update_max_lazy),
+  // P <= 2^8, and after the first block or two scale is 1 for every row, so the O rescale can
+  // be skipped. Returns whether any row of this warp needs its O rescaled (warp-uniform;
+  // always true without kLazyMax, so the caller's test folds away).
   template <class TensorS>
-  __device__ void step(TensorS& s, float (&scale)[kRows]) {
+  __device__ bool step(TensorS& s, float (&scale)[kRows]) {
     static_assert(decltype(cute::size<0>(s))::value == kRows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -81,7 +84,8 @@ struct WarpgroupSoftmax {
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
       mx = quad_max(mx);
-      scale[r] = row[r].update_max(mx * tf.exp2_scale);
+      scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
+                          : row[r].update_max(mx * tf.exp2_scale);
       const float neg_off = -row[r].exp_offset();
       float sum = 0.f;
 #pragma unroll
@@ -92,6 +96,11 @@ struct WarpgroupSoftmax {
       }
       row[r].l += sum;
     }
+    if constexpr (!kLazyMax) return true;
+    bool rescale = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rescale |= scale[r] != 1.f;
+    return __any_sync(0xffffffffu, rescale);
   }
 
   // Quad-reduce the sums; returns 1/l per row (0 for an empty row) and fills the natural LSE.
