@@ -111,9 +111,7 @@ struct Mainloop {
     using namespace cute;
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
-    Tensor tSrQ = q_frag(ss, mma_tidx)(_, _, _, q_read.index());
-    Tensor tSrK = k_frag(ss, mma_tidx);
-    Tensor tOrV = v_frag(ss, mma_tidx);
+    auto [tSrQ, tSrK, tOrV] = operands(ss, mma_tidx);
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     for (int n = w.n_end - 2; n >= w.n_begin; --n) {
       typename P::KVState v_read = kv_read;  // V of the previous block
@@ -162,9 +160,7 @@ struct Mainloop {
     using namespace cute;
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
-    Tensor tSrQ = q_frag(ss, mma_tidx)(_, _, _, q_read.index());
-    Tensor tSrK = k_frag(ss, mma_tidx);
-    Tensor tOrV = v_frag(ss, mma_tidx);
+    auto [tSrQ, tSrK, tOrV] = operands(ss, mma_tidx);
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     pipes.q.consumer_wait(q_read);
     for (int n = w.n_end - 1; n >= w.n_begin; --n) {
@@ -201,6 +197,11 @@ struct Mainloop {
   __device__ static auto k_frag(SharedStorage& ss, int mma_tidx) {
     cute::Tensor sK = cute::make_tensor(cute::make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
     return TiledMmaQK{}.get_thread_slice(mma_tidx).partition_fragment_B(sK);
+  }
+  // This tile's Q (its stage), and K and V of every stage.
+  __device__ auto operands(SharedStorage& ss, int mma_tidx) const {
+    using namespace cute;
+    return cute::make_tuple(q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx), v_frag(ss, mma_tidx));
   }
   __device__ static auto v_frag(SharedStorage& ss, int mma_tidx) {
     cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
