@@ -207,8 +207,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     Tensor tQsQ_s = tQsQ, tdOsdO_s = tdOsdO;
     tQsQ_s.data() = tQsQ_s.data() + stage * kQdOStageElems;
     tdOsdO_s.data() = tdOsdO_s.data() + stage * kQdOStageElems;
-    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, valid_rows);
-    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s, tQcQ, valid_rows);
+    if (valid_rows == kBlockM) {  // a whole block (uniform): no row tests, no zero-fill code
+      cute::copy(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s);
+      cute::copy(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s);
+    } else {
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, valid_rows);
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s, tQcQ, valid_rows);
+    }
     if (tidx < 2 * kBlockM) {
       const int row = tidx % kBlockM;
       const float* src = (tidx < kBlockM ? p.lse : ws.dsum) + sb.lse_offset + int64_t(h) * sb.lse_head_stride + m0;
@@ -292,10 +297,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
     cute::cp_async_wait<0>();
     __syncthreads();  // pair `it` landed; every warp is done with the previous pair's smem
-    if (kStages == 2 && it + 1 < n_iters) {
-      load_qdo(next_pair(cur), stage ^ 1);  // under this pair's five GEMMs
-      cute::cp_async_fence();
-    }
 
     // LSE (log2 domain; an empty row's -inf becomes +inf so its P is exp2(-inf) = 0) and D.
     float lse2[kRows], dsum[kRows];
@@ -312,6 +313,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     clear(acc_s);
     Tensor tSsQ_s = at_stage(tSsQ, stage);
     gemm_ss(acc_s, tSrQ, tSrK, tSsQ_s, tSsK, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
+    if (kStages == 2 && it + 1 < n_iters) {
+      // The next pair's loads, under this pair's remaining GEMMs; issued after the first one so
+      // its address arithmetic does not delay the first MMA after the barrier (FA2 does the same).
+      load_qdo(next_pair(cur), stage ^ 1);
+      cute::cp_async_fence();
+    }
     Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
     if (__builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
 #pragma unroll
