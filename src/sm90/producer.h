@@ -4,8 +4,9 @@
 // (S_{j+1} = Q K_{j+1}^T is issued before O += P_j V_j):  Q and K_last, then (K_{j-1}, V_j)
 // pairs walking down, then V_first. With one Q buffer, K_last goes first (the consumers still
 // hold the old Q until their last Q K^T); with two, Q goes first: its buffer was freed a tile
-// ago, so the next tile's Q is in smem well before the consumers reach it. K and V have separate pipelines, so a consumer that does
-// not overlap (K_j, V_j, K_{j-1}, ...) also never waits on a load queued behind its own need.
+// ago, so the next tile's Q is in smem well before the consumers reach it. K and V have
+// separate pipelines, so a consumer that does not overlap (K_j, V_j, K_{j-1}, ...) also never
+// waits on a load queued behind its own need.
 #pragma once
 
 #include <cute/tensor.hpp>
