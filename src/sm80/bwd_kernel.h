@@ -1,7 +1,7 @@
 // sm80 backward (FlashAttention-2): preprocess D = rowsum(dO * O); main kernel with one CTA per
 // (key block, kv head, batch entry) that keeps dK/dV in registers while it walks the query
 // blocks (of every query head of its GQA group, so dK/dV need no atomics and no workspace);
-// dQ is accumulated in an fp32 workspace with atomicAdd, then scaled and converted.
+// dQ is accumulated in an fp32 workspace with atomic reductions, then scaled and converted.
 // Per (head, query block) pair: S = Q K^T, P, dP = dO V^T, dS, then dV += P^T dO, dK += dS^T Q,
 // dQ += dS K; with two Q/dO stages the next pair's Q, dO, LSE and D load (cp.async) under
 // these five GEMMs, so a pair starts with its operands already in smem.
@@ -21,11 +21,26 @@ namespace flashattn::sm80 {
 
 // Workspace of one backward call (offsets computed on the host, see bwd_workspace_layout).
 struct BwdWorkspace {
-  float* dq_accum;  // [total_q, nheads_q, headdim] fp32
+  float* dq_accum;  // fp32 dQ tiles, see dq_tile
+  int64_t dq_accum_floats;
   float* dsum;      // D, indexed like LSE
   int* semaphores;  // [batch, nheads_q, num_m_blocks] (deterministic mode), else null
   int num_m_blocks;
 };
+
+// The dQ accumulator holds one kBlockM x headdim fp32 tile per (query block, query head), stored
+// in the order of the dQ MMA's accumulator fragments: value i of thread t at
+// (i / 4 * kNThreads + t) * 4 + i % 4. A warp's reduction then covers 512 contiguous bytes
+// (FA2 stores its dQaccum permuted for the same reason) instead of 8 rows of 32 bytes, with no
+// per-row address arithmetic. Sequence b's tiles start at row qrow0 + b * kBlockM rounded down
+// to a block, so sequences of any length (varlen) never share a tile; the workspace has
+// total_q + batch * kBwdMaxBlockM rows (bwd_workspace_layout).
+template <int kBlockM, int kHeadDim>
+__device__ __forceinline__ float* dq_tile(const BwdWorkspace& ws, int64_t qrow0, int b, int m_block, int h,
+                                          int nheads_q) {
+  const int64_t tile = (qrow0 + int64_t(b) * kBlockM) / kBlockM + m_block;
+  return ws.dq_accum + (tile * nheads_q + h) * int64_t(kBlockM * kHeadDim);
+}
 
 // Row `r` of the packed [total_q] index space -> (batch entry, row within the sequence).
 // Fixed length only (varlen rows are already global).
@@ -41,42 +56,83 @@ __device__ __forceinline__ int64_t tensor_row_offset(const RowStrides& st, const
   return b * st.batch + r * st.row + int64_t(h) * st.head;
 }
 
-// D[i] = sum_d dO[i, d] * O[i, d]: one warp per (row, head).
-template <typename Element>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dsum) {
+// D[i] = sum_d dO[i, d] * O[i, d], with 16-byte loads (device tensors are 16-byte aligned with
+// strides of multiples of 8 elements: validate.cpp): kLanesPerRow lanes per (row, head). The
+// same launch zeroes the dQ accumulator (one pass fewer than a memset).
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dsum, float4* dq_accum,
+                                                             int64_t dq_accum_vecs) {
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kLanesPerRow = kChunks <= 8 ? 8 : (kChunks <= 16 ? 16 : 32);
+  static_assert(kHeadDim % 8 == 0 && kChunks <= 32);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t total = int64_t(p.shape.total_q) * p.shape.nheads_q;
-  const int lane = threadIdx.x % 32;
-  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < total;
-       w += int64_t(gridDim.x) * blockDim.x / 32) {
-    const int64_t qrow = w / p.shape.nheads_q;
-    const int h = int(w % p.shape.nheads_q);
-    const Element* o = static_cast<const Element*>(p.o) + tensor_row_offset(p.o_stride, p.shape, varlen, qrow, h);
-    const Element* d_o =
-        static_cast<const Element*>(p.dout) + tensor_row_offset(p.dout_stride, p.shape, varlen, qrow, h);
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t n_threads = int64_t(gridDim.x) * blockDim.x;
+  const int lane = threadIdx.x % kLanesPerRow;
+  // Every lane of a warp runs the same number of iterations (the shuffles below need them all).
+  const int64_t first = thread / kLanesPerRow, step = n_threads / kLanesPerRow;
+  const int64_t warp_first = (thread - threadIdx.x % 32) / kLanesPerRow;
+  for (int64_t w0 = warp_first, w = first; w0 < total; w0 += step, w += step) {
     float acc = 0.f;
-    for (int k = lane; k < p.shape.headdim; k += 32) acc += float(o[k]) * float(d_o[k]);
+    if (w < total && lane < kChunks) {
+      const int64_t qrow = w / p.shape.nheads_q;
+      const int h = int(w % p.shape.nheads_q);
+      const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.o) +
+                                                      tensor_row_offset(p.o_stride, p.shape, varlen, qrow, h) + lane * 8);
+      const uint4 d_o = *reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(p.dout) + tensor_row_offset(p.dout_stride, p.shape, varlen, qrow, h) + lane * 8);
+      const Element* oe = reinterpret_cast<const Element*>(&o);
+      const Element* de = reinterpret_cast<const Element*>(&d_o);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) dsum[lse_index(p.shape, varlen, qrow, h)] = acc;
+      for (int k = 0; k < 8; ++k) acc += float(oe[k]) * float(de[k]);
+    }
+#pragma unroll
+    for (int off = kLanesPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (w < total && lane == 0) {
+      const int64_t qrow = w / p.shape.nheads_q;
+      dsum[lse_index(p.shape, varlen, qrow, int(w % p.shape.nheads_q))] = acc;
+    }
   }
+  for (int64_t i = thread; i < dq_accum_vecs; i += n_threads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// dQ = softmax_scale * dQ_accum, converted to the output dtype.
-template <typename Element>
-__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum) {
+// dQ = softmax_scale * dQ_accum, converted to the output dtype: one CTA per (query block, query
+// head, batch entry) reads its tile in the main kernel's fragment order (dq_tile) and finds each
+// value's (row, column) through the same TiledMMA partition.
+template <typename Kt>
+__global__ void __launch_bounds__(Kt::kNThreads) bwd_postprocess_kernel(const BwdParams p, const BwdWorkspace ws) {
+  using Element = typename Kt::Element;
+  constexpr int kBlockM = Kt::kBlockM;
+  constexpr int kHeadDim = Kt::kHeadDim;
+  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const int m0 = m_block * kBlockM;
+  if (m0 >= sb.seqlen_q) return;
+  const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int d = p.shape.headdim;
-  const int64_t total = int64_t(p.shape.total_q) * p.shape.nheads_q * (d / 2);
+  const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;
+  const float* tile = dq_tile<kBlockM, kHeadDim>(ws, qrow0, b, m_block, h, p.shape.nheads_q);
+
+  typename Kt::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(threadIdx.x);
+  Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  constexpr int kFrag = decltype(size(cdQ))::value;
+  static_assert(kFrag % 4 == 0 && kFrag * Kt::kNThreads == kBlockM * kHeadDim);
+  float v[kFrag];
+#pragma unroll
+  for (int j = 0; j < kFrag / 4; ++j) {
+    const float4 x = reinterpret_cast<const float4*>(tile)[j * Kt::kNThreads + threadIdx.x];
+    v[4 * j] = x.x, v[4 * j + 1] = x.y, v[4 * j + 2] = x.z, v[4 * j + 3] = x.w;
+  }
+  Element* dq = static_cast<Element*>(p.dq) + row_offset(p.dq_stride, b, sb.q_offset, m0, h);
   const float scale = p.mask.softmax_scale;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int col = int(i % (d / 2)) * 2;
-    const int64_t rh = i / (d / 2);
-    const int h = int(rh % p.shape.nheads_q);
-    const int64_t qrow = rh / p.shape.nheads_q;
-    const float2 v = *reinterpret_cast<const float2*>(dq_accum + rh * d + col);
-    Element* dst = static_cast<Element*>(p.dq) + tensor_row_offset(p.dq_stride, p.shape, varlen, qrow, h) + col;
-    *reinterpret_cast<typename Pack2<Element>::type*>(dst) = Pack2<Element>::make(v.x * scale, v.y * scale);
+#pragma unroll
+  for (int i = 0; i < kFrag; i += 2) {  // values i, i + 1: adjacent columns of one row (m16n8 C layout)
+    const int row = get<0>(cdQ(i)), col = get<1>(cdQ(i));
+    if (row < valid_rows)
+      *reinterpret_cast<typename Pack2<Element>::type*>(dq + row * p.dq_stride.row + col) =
+          Pack2<Element>::make(v[i] * scale, v[i + 1] * scale);
   }
 }
 
@@ -106,15 +162,18 @@ __device__ __forceinline__ void cp_async_f32(float* smem, const float* gmem, boo
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
 
-// dq_accum[row, col..col+1] += (a, b): one vector reduction on sm90, two scalar ones before.
-// Inline PTX because atomicAdd(float2*) compiles to a returning ATOMG, whose pending result
+// dst[0..3] += (a, b, c, d): one vector reduction on sm90, four scalar ones before.
+// Inline PTX because atomicAdd(float4*) compiles to a returning ATOMG, whose pending result
 // registers stall the warp (long scoreboard) where a RED would not.
-__device__ __forceinline__ void atomic_add_pair(float* dst, float a, float b) {
+__device__ __forceinline__ void atomic_add_4(float* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
 #else
   atomicAdd(dst, a);
   atomicAdd(dst + 1, b);
+  atomicAdd(dst + 2, c);
+  atomicAdd(dst + 3, d);
 #endif
 }
 
@@ -140,7 +199,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   const int valid_cols = min(kBlockN, sb.seqlen_k - n0);
   const int group = p.shape.group_size();
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;  // row in dq_accum
+  const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;  // packed row of query row 0
+  constexpr int kNThreadsDq = Kt::kNThreads;
   const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
 
   // smem: [stage][Q, dO], K, V, dS, P, [stage][LSE, D]. A stage's tensors are stage 0's shifted
@@ -269,8 +329,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   auto copy_b_dq = make_tiled_copy_B(typename Kt::SmemCopyAtomTransposed{}, mma_dq);
   auto thr_copy_b_dq = copy_b_dq.get_thread_slice(tidx);
   Tensor tdQsKt = thr_copy_b_dq.partition_S(sKt);
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  Tensor tdQcdQ_rc = make_tensor(tdQcdQ.data(), acc_rowcol(tdQcdQ.layout()));
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
@@ -294,7 +352,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     const int h = cur.h;
     const int m_block = cur.m_block;
     const int m0 = m_block * kBlockM;
-    const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
     cute::cp_async_wait<0>();
     __syncthreads();  // pair `it` landed; every warp is done with the previous pair's smem
 
@@ -421,19 +478,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
       }
       __syncthreads();
     }
-    float* dq_block = ws.dq_accum + ((qrow0 + m0) * p.shape.nheads_q + h) * int64_t(kHeadDim);
-    const int64_t dq_row_stride = int64_t(p.shape.nheads_q) * kHeadDim;
-    Tensor acc_dq_rc = make_tensor(acc_dq.data(), acc_rowcol(acc_dq.layout()));
+    // Whole tile, fragment order (dq_tile): rows past the sequence end add zeros (their P and
+    // dS are 0) to padding the postprocess never reads.
+    float* dq_acc = dq_tile<kBlockM, kHeadDim>(ws, qrow0, b, m_block, h, p.shape.nheads_q) + tidx * 4;
 #pragma unroll
-    for (int mi = 0; mi < size<0>(acc_dq_rc); ++mi) {
-      const int row = get<0>(tdQcdQ_rc(mi, 0));
-      if (row >= valid_rows) continue;
-#pragma unroll
-      for (int ni = 0; ni < size<1>(acc_dq_rc); ni += 2) {  // (ni, ni + 1): adjacent columns
-        atomic_add_pair(dq_block + row * dq_row_stride + get<1>(tdQcdQ_rc(mi, ni)), acc_dq_rc(mi, ni),
-                        acc_dq_rc(mi, ni + 1));
-      }
-    }
+    for (int j = 0; j < size(acc_dq) / 4; ++j)
+      atomic_add_4(dq_acc + j * (kNThreadsDq * 4), acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2),
+                   acc_dq(4 * j + 3));
     if (sem != nullptr) {
       __threadfence();
       __syncthreads();

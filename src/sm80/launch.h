@@ -24,6 +24,9 @@ int smem_limit();
 // Smallest query-block size of any backward configuration: the deterministic mode's dQ
 // semaphores (one per query block) are sized with it, an upper bound for larger blocks.
 constexpr int kBwdMinBlockM = 64;
+// Largest query-block size of any backward configuration: the dQ accumulator's per-sequence
+// padding (dq_tile in bwd_kernel.h) is sized with it.
+constexpr int kBwdMaxBlockM = 128;
 
 struct BwdWorkspaceLayout {
   size_t dq_accum = 0;    // offset of the fp32 dQ accumulator
@@ -41,7 +44,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   const flashattn::Shape& s = p.shape;
   l.num_m_blocks = (s.seqlen_q + kBwdMinBlockM - 1) / kBwdMinBlockM;
   l.dq_accum = 0;
-  l.dsum = align256(size_t(s.total_q) * s.nheads_q * s.headdim * sizeof(float));
+  const size_t dq_rows = size_t(s.total_q) + size_t(s.batch) * kBwdMaxBlockM;  // + per-sequence tile padding
+  l.dsum = align256(dq_rows * s.nheads_q * s.headdim * sizeof(float));
   l.semaphores = l.dsum + align256(size_t(s.total_q) * s.nheads_q * sizeof(float));
   l.sem_bytes = p.deterministic ? size_t(s.batch) * s.nheads_q * l.num_m_blocks * sizeof(int) : 0;
   l.total = l.semaphores + align256(l.sem_bytes);

@@ -139,25 +139,30 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
   auto kernel = bwd_kernel<Kt>;
   flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "backward", kHeadDim);
   if (s != FLASHATTN_SUCCESS) return s;
-  if ((s = check_grid(p.shape.batch, p.shape.nheads_kv)) != FLASHATTN_SUCCESS) return s;
+  if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
 
   const BwdWorkspaceLayout l = bwd_workspace_layout(p);
   char* base = static_cast<char*>(workspace);
+  static_assert(Kt::kBlockM <= kBwdMaxBlockM);
   BwdWorkspace ws;
   ws.dq_accum = reinterpret_cast<float*>(base + l.dq_accum);
+  ws.dq_accum_floats = int64_t((l.dsum - l.dq_accum) / sizeof(float));
   ws.dsum = reinterpret_cast<float*>(base + l.dsum);
   ws.semaphores = p.deterministic ? reinterpret_cast<int*>(base + l.semaphores) : nullptr;
   ws.num_m_blocks = l.num_m_blocks;
 
-  // The workspace arrives uninitialised: zero the dQ accumulator (and the counters).
-  cudaError_t e = cudaMemsetAsync(ws.dq_accum, 0, l.dsum - l.dq_accum, stream);
-  if (e == cudaSuccess && l.sem_bytes > 0) e = cudaMemsetAsync(ws.semaphores, 0, l.sem_bytes, stream);
-  if (e != cudaSuccess) return cuda_failure(e, "sm80 bwd workspace memset");
+  // The workspace arrives uninitialised: the preprocess zeroes the dQ accumulator, a memset the
+  // deterministic mode's counters.
+  cudaError_t e = cudaSuccess;
+  if (l.sem_bytes > 0 && (e = cudaMemsetAsync(ws.semaphores, 0, l.sem_bytes, stream)) != cudaSuccess)
+    return cuda_failure(e, "sm80 bwd workspace memset");
 
   const int64_t rows = int64_t(p.shape.total_q) * p.shape.nheads_q;
-  const int pre_grid = int(std::min<int64_t>((rows + 7) / 8, 1 << 16));
+  const int64_t pre_threads = std::max<int64_t>(rows * 32, ws.dq_accum_floats / 4);  // upper bound of useful threads
+  const int pre_grid = int(std::min<int64_t>((pre_threads + 255) / 256, 1 << 16));
   if (pre_grid > 0) {
-    bwd_preprocess_kernel<Element><<<pre_grid, 256, 0, stream>>>(p, ws.dsum);
+    bwd_preprocess_kernel<Element, kHeadDim>
+        <<<pre_grid, 256, 0, stream>>>(p, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), ws.dq_accum_floats / 4);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd preprocess launch");
   }
 
@@ -167,10 +172,9 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd launch");
   }
 
-  const int64_t pairs = rows * (kHeadDim / 2);
-  const int post_grid = int(std::min<int64_t>((pairs + 255) / 256, 1 << 16));
-  if (post_grid > 0) {
-    bwd_postprocess_kernel<Element><<<post_grid, 256, 0, stream>>>(p, ws.dq_accum);
+  const dim3 post_grid((p.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.shape.nheads_q, p.shape.batch);
+  if (post_grid.x > 0) {
+    bwd_postprocess_kernel<Kt><<<post_grid, Kt::kNThreads, 0, stream>>>(p, ws);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd postprocess launch");
   }
   return FLASHATTN_SUCCESS;
