@@ -177,7 +177,9 @@ __device__ __forceinline__ void atomic_add_4(float* dst, float a, float b, float
 #endif
 }
 
-template <typename Kt>
+// kSoftcapOrDeterministic compiles the code of those two options (each still tested at run
+// time); without it the common case carries none of their branches, registers or spills.
+template <typename Kt, bool kSoftcapOrDeterministic>
 __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p, const BwdWorkspace ws) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
       cute::cp_async_fence();
     }
     Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    if (__builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+    if (kSoftcapOrDeterministic && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
 #pragma unroll
       for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
     }
@@ -395,7 +397,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     }
     // P goes to smem (for dV) in the input precision; `scores` keeps P * d(capped)/d(raw)
     // (the softcap's 1 - tanh^2, else 1) in fp32 for dS.
-    if (__builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+    if (kSoftcapOrDeterministic && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
       Tensor rP = make_tensor<Element>(acc_s.layout());
       Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
 #pragma unroll
@@ -464,7 +466,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_a_dq, copy_b_dq, thr_copy_a_dq, thr_copy_b_dq);
 
     int* sem = nullptr;
-    if (ws.semaphores != nullptr) {
+    if (kSoftcapOrDeterministic && ws.semaphores != nullptr) {
       sem = ws.semaphores + (int64_t(b) * p.shape.nheads_q + h) * ws.num_m_blocks + m_block;
       if (tidx == 0 && !gave_up) {
         const int turn = dq_turn(mask, n_block, m_block, kBlockN, kBlockM);
