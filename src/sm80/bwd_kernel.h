@@ -437,12 +437,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     cute::copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
     __syncthreads();  // P and dS visible to every warp
 
-    // dV += P^T dO; dK += dS^T Q. hdim <= 64 with two Q/dO stages runs dK last (FA2's order):
-    // its MMAs then run while the dQ atomics drain instead of the atomics sitting right before
-    // the next pair's barrier. Same-run A/B on an H100: +5-6% at hdim 64, +-0.5% at 128, -2% at
-    // 256, so the others keep dK here (and one stage needs it here: the next pair's loads go
-    // under the dQ GEMM).
-    constexpr bool kDkLast = kStages == 2 && kHeadDim <= 64;
+    // dV += P^T dO; dK += dS^T Q. With two Q/dO stages dK runs last (FA2's order): its MMAs
+    // then run while the dQ reductions drain, instead of the reductions sitting right before the
+    // next pair's barrier (same-run A/Bs on an H100: +5-6% at hdim 64; +2-3% at 128 and 256 once
+    // the reductions became one v4 per 4 values). One stage keeps dK here: the next pair's loads
+    // go under the dQ GEMM, after the last read of Q.
+    constexpr bool kDkLast = kStages == 2;
     Tensor tdVsdOt_s = at_stage(tdVsdOt, stage);
     gemm_ss(acc_dv, tdVrPt, tdVrdO, tdVsPt, tdVsdOt_s, mma_dkv, copy_a_dkv, copy_b_dkv, thr_copy_a_dkv,
             thr_copy_b_dkv);
