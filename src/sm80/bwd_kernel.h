@@ -98,13 +98,18 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, 
 }
 
 // dQ = softmax_scale * dQ_accum, converted to the output dtype: one CTA per (query block, query
-// head, batch entry) reads its tile in the main kernel's fragment order (dq_tile) and finds each
-// value's (row, column) through the same TiledMMA partition.
+// head, batch entry) reads its tile in the main kernel's fragment order (dq_tile), finds each
+// value's (row, column) through the same TiledMMA partition, and stages the converted tile in
+// smem so that gmem sees whole 16-byte row chunks (4-byte scattered stores measured 1.9x the
+// time of FA2's convert_dQ under ncu).
 template <typename Kt>
 __global__ void __launch_bounds__(Kt::kNThreads) bwd_postprocess_kernel(const BwdParams p, const BwdWorkspace ws) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kHeadDim = Kt::kHeadDim;
+  // Rows padded by 16 bytes: the pair stores of the 8 rows of a warp land in distinct banks.
+  constexpr int kRowElems = kHeadDim + 8;
+  __shared__ __align__(16) Element tile_smem[kBlockM * kRowElems];
   const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
   const int m0 = m_block * kBlockM;
@@ -119,20 +124,26 @@ __global__ void __launch_bounds__(Kt::kNThreads) bwd_postprocess_kernel(const Bw
   Tensor cdQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   constexpr int kFrag = decltype(size(cdQ))::value;
   static_assert(kFrag % 4 == 0 && kFrag * Kt::kNThreads == kBlockM * kHeadDim);
-  float v[kFrag];
+  const float scale = p.mask.softmax_scale;
 #pragma unroll
   for (int j = 0; j < kFrag / 4; ++j) {
     const float4 x = reinterpret_cast<const float4*>(tile)[j * Kt::kNThreads + threadIdx.x];
-    v[4 * j] = x.x, v[4 * j + 1] = x.y, v[4 * j + 2] = x.z, v[4 * j + 3] = x.w;
+    // values 4j, 4j + 1 (and 4j + 2, 4j + 3): adjacent columns of one row (m16n8 C layout)
+    const int r0 = get<0>(cdQ(4 * j)), c0 = get<1>(cdQ(4 * j));
+    const int r1 = get<0>(cdQ(4 * j + 2)), c1 = get<1>(cdQ(4 * j + 2));
+    *reinterpret_cast<typename Pack2<Element>::type*>(&tile_smem[r0 * kRowElems + c0]) =
+        Pack2<Element>::make(x.x * scale, x.y * scale);
+    *reinterpret_cast<typename Pack2<Element>::type*>(&tile_smem[r1 * kRowElems + c1]) =
+        Pack2<Element>::make(x.z * scale, x.w * scale);
   }
+  __syncthreads();
   Element* dq = static_cast<Element*>(p.dq) + row_offset(p.dq_stride, b, sb.q_offset, m0, h);
-  const float scale = p.mask.softmax_scale;
-#pragma unroll
-  for (int i = 0; i < kFrag; i += 2) {  // values i, i + 1: adjacent columns of one row (m16n8 C layout)
-    const int row = get<0>(cdQ(i)), col = get<1>(cdQ(i));
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += Kt::kNThreads) {
+    const int row = c / kChunksPerRow, col = c % kChunksPerRow * 8;
     if (row < valid_rows)
-      *reinterpret_cast<typename Pack2<Element>::type*>(dq + row * p.dq_stride.row + col) =
-          Pack2<Element>::make(v[i] * scale, v[i + 1] * scale);
+      *reinterpret_cast<uint4*>(dq + row * p.dq_stride.row + col) =
+          *reinterpret_cast<const uint4*>(&tile_smem[row * kRowElems + col]);
   }
 }
 
