@@ -24,9 +24,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   extern __shared__ __align__(128) char smem_[];
 
   const int tidx = threadIdx.x;
-  // Causal: the last query blocks see the most keys; launch them first (longest job first).
-  const bool causal_like = p.mask.window_right >= 0 && p.mask.window_left < 0;
-  const int m_block = causal_like ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int m_block = blockIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
   const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
