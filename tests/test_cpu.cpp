@@ -3,6 +3,7 @@
 // mask policy (src/common/mask.h) that it shares with the GPU kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "api/backend.h"
 #include "common/mask.h"
+#include "common/params.h"
 #include "common/softmax.h"
 #include "cpu/cpu_attention.h"
 #include "cpu/parallel.h"
@@ -177,11 +179,66 @@ TEST(MaskPolicy, InteriorTilesSkipMasking) {
   EXPECT_EQ(clean, 6);
 }
 
-// ---- online softmax (src/common/softmax.h) ---------------------------------------------------
+// The backward's dQ accumulator tiles (dq_tile_index, common/params.h) as the sm80 kernels place
+// them: every tile inside the first dq_accum_rows(total_q, batch, 128) rows for any cu_seqlens
+// the kernels may see (seq_bounds clamps unchecked device values), and no tile shared by two
+// sequences when the cu_seqlens are valid. Fixed length: qrow0 = b * seqlen_q.
+TEST(DqAccumTiles, InsideTheWorkspaceAndDisjointAcrossSequences) {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int lens[] = {0, 1, 7, 63, 64, 65, 113, 127, 128, 129, 203, 799, 1023, 4097};
+  const int n_lens = int(sizeof(lens) / sizeof(lens[0]));
+  int tiles_checked = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int batch = 1 + int(rng() % 9);
+    const bool varlen = trial % 3 != 0;
+    const bool corrupt = varlen && trial % 3 == 2;  // unchecked device cu_seqlens
+    std::vector<int32_t> cu(size_t(batch) + 1, 0);
+    const int fixed_len = lens[rng() % n_lens];
+    int max_len = 0;
+    for (int b = 0; b < batch; ++b) {
+      const int len = varlen ? lens[rng() % n_lens] : fixed_len;
+      cu[size_t(b) + 1] = cu[size_t(b)] + len;
+      max_len = std::max(max_len, len);
+    }
+    flashattn::Shape shape;
+    shape.batch = batch;
+    shape.seqlen_q = shape.seqlen_k = max_len;
+    shape.total_q = shape.total_k = cu[size_t(batch)];
+    shape.nheads_q = shape.nheads_kv = 1;
+    shape.headdim = 64;
+    if (corrupt)
+      for (int k = 0; k < 3; ++k) cu[rng() % cu.size()] = int32_t(rng() % (shape.total_q + 300)) - 150;
+    const int64_t rows = flashattn::dq_accum_rows(shape.total_q, batch, 128);
+    for (int block_m : {64, 128}) {
+      int64_t prev_last = -1;
+      for (int b = 0; b < batch; ++b) {
+        const flashattn::SeqBounds sb =
+            flashattn::seq_bounds(shape, varlen ? cu.data() : nullptr, varlen ? cu.data() : nullptr, b);
+        const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * shape.seqlen_q;
+        const int n_blocks = (sb.seqlen_q + block_m - 1) / block_m;
+        if (n_blocks == 0) continue;
+        const int64_t first = flashattn::dq_tile_index(qrow0, b, 0, block_m);
+        const int64_t last = flashattn::dq_tile_index(qrow0, b, n_blocks - 1, block_m);
+        const std::string where = "seed " + std::to_string(seed) + " trial " + std::to_string(trial) + " b " +
+                                  std::to_string(b) + " block_m " + std::to_string(block_m);
+        ASSERT_EQ(last - first, n_blocks - 1) << where;
+        ASSERT_GE(first, 0) << where;
+        ASSERT_LE((last + 1) * block_m, rows) << where;
+        if (!corrupt) ASSERT_GT(first, prev_last) << where;
+        prev_last = last;
+        tiles_checked += n_blocks;
+      }
+    }
+  }
+  EXPECT_GT(tiles_checked, 10000);
+}
 
 // The lazy max (sm90 forward) against the eager one over rows of blocks with masked (-inf)
 // starts, outlier jumps (forcing an update) and drift within the slack: same output and LSE,
 // every exp2 term <= 2^slack, and far fewer rescales.
+// ---- online softmax (src/common/softmax.h) ---------------------------------------------------
+
 TEST(OnlineSoftmax, LazyMaxMatchesEagerAndBoundsTerms) {
   std::mt19937_64 rng(20261123);
   std::normal_distribution<double> nd(0.0, 3.0);

@@ -118,4 +118,16 @@ FA_HD int64_t row_offset(const RowStrides& st, int b, int64_t seq_row_offset, in
   return int64_t(b) * st.batch + (seq_row_offset + row) * st.row + int64_t(h) * st.head;
 }
 
+// The backward's fp32 dQ accumulator holds one block_m-row tile per (query block, query head).
+// Sequence b's tiles start at (qrow0 + b * block_m) / block_m, qrow0 being the sequence's first
+// row in the packed [total_q] rows: sequences of any lengths never share a tile (FA2's varlen
+// padding), and with clamped bounds (seq_bounds) every tile lies in the first
+// dq_accum_rows(total_q, batch, max block_m) rows (tests/test_cpu.cpp: DqAccumTiles).
+FA_HD int64_t dq_tile_index(int64_t qrow0, int b, int m_block, int block_m) {
+  return (qrow0 + int64_t(b) * block_m) / block_m + m_block;
+}
+FA_HD int64_t dq_accum_rows(int64_t total_q, int batch, int max_block_m) {
+  return total_q + int64_t(batch) * max_block_m;
+}
+
 }  // namespace flashattn

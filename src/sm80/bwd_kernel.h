@@ -28,18 +28,15 @@ struct BwdWorkspace {
   int num_m_blocks;
 };
 
-// The dQ accumulator holds one kBlockM x headdim fp32 tile per (query block, query head), stored
-// in the order of the dQ MMA's accumulator fragments: value i of thread t at
-// (i / 4 * kNThreads + t) * 4 + i % 4. A warp's reduction then covers 512 contiguous bytes
-// (FA2 stores its dQaccum permuted for the same reason) instead of 8 rows of 32 bytes, with no
-// per-row address arithmetic. Sequence b's tiles start at row qrow0 + b * kBlockM rounded down
-// to a block, so sequences of any length (varlen) never share a tile; the workspace has
-// total_q + batch * kBwdMaxBlockM rows (bwd_workspace_layout).
+// The dQ accumulator holds one kBlockM x headdim fp32 tile per (query block, query head), placed
+// by dq_tile_index (common/params.h) and stored in the order of the dQ MMA's accumulator
+// fragments: value i of thread t at (i / 4 * kNThreads + t) * 4 + i % 4. A warp's reduction then
+// covers 512 contiguous bytes (FA2 stores its dQaccum permuted for the same reason) instead of 8
+// rows of 32 bytes, with no per-row address arithmetic.
 template <int kBlockM, int kHeadDim>
 __device__ __forceinline__ float* dq_tile(const BwdWorkspace& ws, int64_t qrow0, int b, int m_block, int h,
                                           int nheads_q) {
-  const int64_t tile = (qrow0 + int64_t(b) * kBlockM) / kBlockM + m_block;
-  return ws.dq_accum + (tile * nheads_q + h) * int64_t(kBlockM * kHeadDim);
+  return ws.dq_accum + (dq_tile_index(qrow0, b, m_block, kBlockM) * nheads_q + h) * int64_t(kBlockM * kHeadDim);
 }
 
 // Row `r` of the packed [total_q] index space -> (batch entry, row within the sequence).

@@ -44,7 +44,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   const flashattn::Shape& s = p.shape;
   l.num_m_blocks = (s.seqlen_q + kBwdMinBlockM - 1) / kBwdMinBlockM;
   l.dq_accum = 0;
-  const size_t dq_rows = size_t(s.total_q) + size_t(s.batch) * kBwdMaxBlockM;  // + per-sequence tile padding
+  const size_t dq_rows = size_t(dq_accum_rows(s.total_q, s.batch, kBwdMaxBlockM));  // tiles padded per sequence
   l.dsum = align256(dq_rows * s.nheads_q * s.headdim * sizeof(float));
   l.semaphores = l.dsum + align256(size_t(s.total_q) * s.nheads_q * sizeof(float));
   l.sem_bytes = p.deterministic ? size_t(s.batch) * s.nheads_q * l.num_m_blocks * sizeof(int) : 0;
