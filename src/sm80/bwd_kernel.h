@@ -54,41 +54,69 @@ __device__ __forceinline__ int64_t tensor_row_offset(const RowStrides& st, const
 }
 
 // D[i] = sum_d dO[i, d] * O[i, d], with 16-byte loads (device tensors are 16-byte aligned with
-// strides of multiples of 8 elements: validate.cpp): kLanesPerRow lanes per (row, head). The
-// same launch zeroes the dQ accumulator (one pass fewer than a memset).
+// strides of multiples of 8 elements: validate.cpp): kLanesPerRow lanes per (row, head), and
+// kRowsPerThread rows per lane group per pass, their loads issued together so that enough bytes
+// are in flight to approach DRAM bandwidth. The same launch zeroes the dQ accumulator (one pass
+// fewer than a memset).
+constexpr int kPreprocessThreads = 256;
+constexpr int kPreprocessRowsPerThread = 4;
+template <int kHeadDim>
+constexpr int preprocess_lanes_per_row() {
+  constexpr int chunks = kHeadDim / 8;
+  return chunks <= 4 ? 4 : (chunks <= 8 ? 8 : (chunks <= 16 ? 16 : 32));
+}
+
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dsum, float4* dq_accum,
-                                                             int64_t dq_accum_vecs) {
+__global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const BwdParams p, float* dsum,
+                                                                            float4* dq_accum, int64_t dq_accum_vecs) {
   constexpr int kChunks = kHeadDim / 8;
-  constexpr int kLanesPerRow = kChunks <= 8 ? 8 : (kChunks <= 16 ? 16 : 32);
+  constexpr int kLanesPerRow = preprocess_lanes_per_row<kHeadDim>();
+  constexpr int kRows = kPreprocessRowsPerThread;
   static_assert(kHeadDim % 8 == 0 && kChunks <= 32);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t total = int64_t(p.shape.total_q) * p.shape.nheads_q;
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t n_threads = int64_t(gridDim.x) * blockDim.x;
   const int lane = threadIdx.x % kLanesPerRow;
-  // Every lane of a warp runs the same number of iterations (the shuffles below need them all).
-  const int64_t first = thread / kLanesPerRow, step = n_threads / kLanesPerRow;
-  const int64_t warp_first = (thread - threadIdx.x % 32) / kLanesPerRow;
-  for (int64_t w0 = warp_first, w = first; w0 < total; w0 += step, w += step) {
-    float acc = 0.f;
-    if (w < total && lane < kChunks) {
-      const int64_t qrow = w / p.shape.nheads_q;
-      const int h = int(w % p.shape.nheads_q);
-      const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.o) +
-                                                      tensor_row_offset(p.o_stride, p.shape, varlen, qrow, h) + lane * 8);
-      const uint4 d_o = *reinterpret_cast<const uint4*>(
-          static_cast<const Element*>(p.dout) + tensor_row_offset(p.dout_stride, p.shape, varlen, qrow, h) + lane * 8);
-      const Element* oe = reinterpret_cast<const Element*>(&o);
-      const Element* de = reinterpret_cast<const Element*>(&d_o);
+  // Row w = base + r * groups + group: the lane groups of a warp read adjacent rows. Every lane
+  // of a warp runs the same number of passes (the shuffles below need them all).
+  const int64_t group = thread / kLanesPerRow, groups = n_threads / kLanesPerRow;
+  const int64_t warp_group = (thread - threadIdx.x % 32) / kLanesPerRow;
+  for (int64_t base = 0; base + warp_group < total; base += kRows * groups) {
+    uint4 o[kRows], d_o[kRows];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc += float(oe[k]) * float(de[k]);
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t w = base + r * groups + group;
+      if (w < total && lane < kChunks) {
+        const int64_t qrow = w / p.shape.nheads_q;
+        const int h = int(w % p.shape.nheads_q);
+        o[r] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.o) +
+                                               tensor_row_offset(p.o_stride, p.shape, varlen, qrow, h) + lane * 8);
+        d_o[r] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.dout) +
+                                                 tensor_row_offset(p.dout_stride, p.shape, varlen, qrow, h) + lane * 8);
+      } else {
+        o[r] = make_uint4(0u, 0u, 0u, 0u);
+        d_o[r] = o[r];
+      }
+    }
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const Element* oe = reinterpret_cast<const Element*>(&o[r]);
+      const Element* de = reinterpret_cast<const Element*>(&d_o[r]);
+      acc[r] = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[r] += float(oe[k]) * float(de[k]);
+#pragma unroll
+      for (int off = kLanesPerRow / 2; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
     }
 #pragma unroll
-    for (int off = kLanesPerRow / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (w < total && lane == 0) {
-      const int64_t qrow = w / p.shape.nheads_q;
-      dsum[lse_index(p.shape, varlen, qrow, int(w % p.shape.nheads_q))] = acc;
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t w = base + r * groups + group;
+      if (w < total && lane == r % kLanesPerRow) {
+        const int64_t qrow = w / p.shape.nheads_q;
+        dsum[lse_index(p.shape, varlen, qrow, int(w % p.shape.nheads_q))] = acc[r];
+      }
     }
   }
   for (int64_t i = thread; i < dq_accum_vecs; i += n_threads) dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -159,11 +159,15 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
     return cuda_failure(e, "sm80 bwd workspace memset");
 
   const int64_t rows = int64_t(p.shape.total_q) * p.shape.nheads_q;
-  const int64_t pre_threads = std::max<int64_t>(rows * 32, ws.dq_accum_floats / 4);  // upper bound of useful threads
-  const int pre_grid = int(std::min<int64_t>((pre_threads + 255) / 256, 1 << 16));
+  // One pass of kPreprocessRowsPerThread rows per lane group (the accumulator zeroing follows
+  // the same grid with a grid-stride loop); capped, the kernel loops.
+  const int64_t rows_per_cta = kPreprocessThreads / preprocess_lanes_per_row<kHeadDim>() * kPreprocessRowsPerThread;
+  const int64_t pre_ctas = std::max<int64_t>((rows + rows_per_cta - 1) / rows_per_cta,
+                                             (ws.dq_accum_floats / 4 + 8 * kPreprocessThreads - 1) / (8 * kPreprocessThreads));
+  const int pre_grid = int(std::min<int64_t>(pre_ctas, 1 << 16));
   if (pre_grid > 0) {
     bwd_preprocess_kernel<Element, kHeadDim>
-        <<<pre_grid, 256, 0, stream>>>(p, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), ws.dq_accum_floats / 4);
+        <<<pre_grid, kPreprocessThreads, 0, stream>>>(p, ws.dsum, reinterpret_cast<float4*>(ws.dq_accum), ws.dq_accum_floats / 4);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 bwd preprocess launch");
   }
 
