@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
   constexpr int kHeadDim = Kt::kHeadDim;
+  constexpr int kWarpsN = Kt::kWarpsN;  // warps sharing a query row (kernel_traits.h)
   extern __shared__ __align__(128) char smem_[];
 
   const int tidx = threadIdx.x;
@@ -75,6 +76,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   Tensor sV = make_tensor(sK.data() + size(sK), typename Kt::SmemLayoutKV{});
   Tensor sVt = make_tensor(sV.data(), typename Kt::SmemLayoutVt{});
   Tensor sVtNoSwizzle = make_tensor(sV.data().get(), typename Kt::SmemLayoutVtNoSwizzle{});
+  // kWarpsN > 1 only: P, and the partial row statistics [kWarpsN][kBlockM] of the warps of a row.
+  Tensor sP = make_tensor(sV.data() + size(sV), typename Kt::SmemLayoutP{});
+  float* s_row_stats = reinterpret_cast<float*>(raw_pointer_cast((sP.data() + size(sP)).get()));
+  const int warp_n = tidx / 32 / Kt::kWarpsM;  // warps are M-major in the TiledMma
 
   const int64_t ks = p.k_stride.row, vs = p.v_stride.row;
   Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_stride(p.q_stride.row, _1{}));
@@ -111,6 +116,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   auto smem_tiled_copy_V = make_tiled_copy_B(typename Kt::SmemCopyAtomTransposed{}, tiled_mma);
   auto smem_thr_copy_V = smem_tiled_copy_V.get_thread_slice(tidx);
   Tensor tOsVt = smem_thr_copy_V.partition_S(sVt);
+  auto copy_p = make_tiled_copy_C(typename Kt::SmemCopyAtomP{}, tiled_mma);
+  auto thr_copy_p = copy_p.get_thread_slice(tidx);
+  Tensor tPsP = thr_copy_p.partition_D(sP);
+  Tensor tOrP_s = thr_mma.partition_fragment_A(sP);
+  Tensor tOsP = smem_thr_copy_Q.partition_S(sP);
 
   // Score-tile coordinates of this thread's accumulator values (for masking).
   Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -169,6 +179,18 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
         }
       }
 
+      // kWarpsN > 1: publish this warp's row maxima; the barrier below makes them visible.
+      if constexpr (kWarpsN > 1) {
+#pragma unroll
+        for (int mi = 0; mi < kRows; ++mi) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
+          mx = quad_allreduce_max(mx);
+          if (tidx % 4 == 0) s_row_stats[warp_n * kBlockM + get<0>(tScS_rc(mi, 0))] = mx;
+        }
+      }
+
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]
       if (n_block > n_begin) {  // K[n - 1]: a whole block
@@ -186,9 +208,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
         float mx = -INFINITY;
+        if constexpr (kWarpsN > 1) {
 #pragma unroll
-        for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
-        mx = quad_allreduce_max(mx);
+          for (int wn = 0; wn < kWarpsN; ++wn) mx = fmaxf(mx, s_row_stats[wn * kBlockM + get<0>(tScS_rc(mi, 0))]);
+        } else {
+#pragma unroll
+          for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
+          mx = quad_allreduce_max(mx);
+        }
         if constexpr (kLazyMax) {
           factor[mi] = row_state[mi].update_max_lazy(mx * st.exp2_scale, kLazyMaxSlackLog2);
           rescale |= factor[mi] != 1.f;
@@ -215,8 +242,20 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       }
 
       Tensor rP = convert_type<Element>(acc_s);
-      Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
-      gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+      if constexpr (kWarpsN > 1) {  // P through smem: the warps of a row hold its keys between them
+        cute::copy(copy_p, thr_copy_p.retile_S(rP), tPsP);
+        static_assert(Kt::kWarpsM == 2, "one named barrier per row group: ids 1 and 2");
+        if (tidx / 32 % Kt::kWarpsM == 0) {
+          named_barrier_sync<1, 32 * kWarpsN>();
+        } else {
+          named_barrier_sync<2, 32 * kWarpsN>();
+        }
+        gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, tOsVt, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
+                smem_thr_copy_V);
+      } else {
+        Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
+        gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
+      }
     }
   };
   if (st.softcap > 0.f) {
@@ -227,8 +266,23 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 
   // Epilogue: O / l, LSE = (m + log2 l) ln 2; empty rows give O = 0, LSE = -inf.
 #pragma unroll
+  for (int mi = 0; mi < kRows; ++mi) row_state[mi].l = quad_allreduce_sum(row_state[mi].l);
+  if constexpr (kWarpsN > 1) {  // the warps of a row summed over their own keys (same max)
+    __syncthreads();  // every warp has read the last row maxima
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi)
+      if (tidx % 4 == 0) s_row_stats[warp_n * kBlockM + get<0>(tOcO_rc(mi, 0))] = row_state[mi].l;
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < kRows; ++mi) {
+      float l = 0.f;
+#pragma unroll
+      for (int wn = 0; wn < kWarpsN; ++wn) l += s_row_stats[wn * kBlockM + get<0>(tOcO_rc(mi, 0))];
+      row_state[mi].l = l;
+    }
+  }
+#pragma unroll
   for (int mi = 0; mi < kRows; ++mi) {
-    row_state[mi].l = quad_allreduce_sum(row_state[mi].l);
     const float inv = row_state[mi].inv_sum();
 #pragma unroll
     for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= inv;

@@ -53,7 +53,7 @@ struct BaseTraits {
       Copy_Atom<SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemLayoutAtom{}, Layout<Shape<_1, _8>>{}));
 };
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kWarpsN_ = 1>
 struct FwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   using Base = BaseTraits<Element_, kHeadDim_, kNWarps_>;
   using Element = Element_;
@@ -62,13 +62,23 @@ struct FwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
-  static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles");
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kWarpsM = kNWarps / kWarpsN;
+  static_assert(kNWarps % kWarpsN == 0);
+  static_assert(kBlockM % (16 * kWarpsM) == 0, "each warp owns whole 16-row MMA tiles");
+  static_assert(kBlockN % (16 * kWarpsN) == 0 && kHeadDim % (16 * kWarpsN) == 0);
   static_assert(kBlockM % Base::kGmemRowsPerCopy == 0 && kBlockN % Base::kGmemRowsPerCopy == 0);
 
-  // Warps stacked along M: each owns kBlockM / kNWarps query rows and all keys of the tile,
-  // so row statistics of the online softmax never leave the warp (quad shuffles only).
-  using TiledMma = TiledMMA<typename Base::MmaAtom, Layout<Shape<Int<kNWarps>, _1, _1>>,
-                            Tile<Int<16 * kNWarps>, _16, _16>>;
+  // kWarpsN = 1: warps stacked along M; each owns kBlockM / kNWarps query rows and all keys of
+  // the tile, so row statistics of the online softmax never leave the warp (quad shuffles only)
+  // and P stays in registers.
+  // kWarpsN > 1: kWarpsN warps share each query row, splitting the S tile along the keys and the
+  // O tile along the head dim, so a warp reads 1/kWarpsN of the K and V tiles from smem per row
+  // it owns (smem bandwidth bounds the forward at hdim 256). The price: row maxima and P go
+  // through smem, with a barrier among the warps of a row group. One TiledMma serves S and O,
+  // so a thread owns the same rows in both.
+  using TiledMma = TiledMMA<typename Base::MmaAtom, Layout<Shape<Int<kWarpsM>, Int<kWarpsN>, _1>>,
+                            Tile<Int<16 * kWarpsM>, Int<16 * kWarpsN>, _16>>;
 
   using SmemLayoutQ = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
@@ -76,8 +86,15 @@ struct FwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   using SmemLayoutVt =
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));
+  // kWarpsN > 1: P [M x N] (the A operand of O += P V, read with ldmatrix) and the partial row
+  // statistics [kWarpsN][M] (fp32).
+  static_assert(kWarpsN == 1 || kBlockN % Base::kBlockKSmem == 0);
+  using SmemLayoutP = decltype(tile_to_shape(typename Base::SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemCopyAtomP = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>;
+  static constexpr int kSmemPAndStats =
+      kWarpsN == 1 ? 0 : kBlockM * kBlockN * int(sizeof(Element)) + kWarpsN * kBlockM * int(sizeof(float));
 
-  static constexpr int kSmemSize = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element));
+  static constexpr int kSmemSize = (kBlockM + 2 * kBlockN) * kHeadDim * int(sizeof(Element)) + kSmemPAndStats;
 };
 
 // Backward: one CTA per key block; loops over the query blocks (and the query heads of its

@@ -14,8 +14,9 @@
 
 namespace flashattn::sm80 {
 
-// Tile choice per head dim (FA2's sm80 choices, forward tiles within 99 KB of smem); BwdSmallSmem,
-// where a head dim has one, for devices with less shared memory per block (with_fitting_config).
+// Tile choice per head dim (FA2's sm80 choices); FwdSmallSmem and BwdSmallSmem, where a head dim
+// has them, for devices with less shared memory per block (with_fitting_config). Every forward
+// has a configuration within the 99 KB of sm86/sm89.
 template <typename E, int D>
 struct Config;
 template <typename E>
@@ -47,7 +48,9 @@ struct Config<E, 192> {
 template <typename E>
 struct Config<E, 256> {
   // FA2's 128 x 64 tile with 8 warps measured no faster at 2k-16k and slower below (perf notes).
-  using Fwd = FwdTraits<E, 256, 64, 64, 4>;
+  // Two warps per query row (kernel_traits.h): 105 KB, two CTAs per SM on H100/H200.
+  using Fwd = FwdTraits<E, 256, 64, 64, 4, /*kWarpsN=*/2>;
+  using FwdSmallSmem = FwdTraits<E, 256, 64, 64, 4>;  // 96 KB: sm86/sm89
   using Bwd = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2>;  // 209 KB: H100/H200
   using BwdSmallSmem = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2, /*kStagesQdO=*/1>;  // 145 KB: A100
 };
@@ -62,6 +65,14 @@ struct BwdSmallSmemOf {
 template <typename C>
 struct BwdSmallSmemOf<C, std::void_t<typename C::BwdSmallSmem>> {
   using type = typename C::BwdSmallSmem;
+};
+template <typename C, typename = void>
+struct FwdSmallSmemOf {
+  using type = void;
+};
+template <typename C>
+struct FwdSmallSmemOf<C, std::void_t<typename C::FwdSmallSmem>> {
+  using type = typename C::FwdSmallSmem;
 };
 
 // Shared memory a block may opt into on the current device (capped by flashattn_sm80_set_smem_limit).
@@ -128,7 +139,9 @@ flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
-  return run_fwd_with<typename Config<Element, kHeadDim>::Fwd>(p, stream);
+  using C = Config<Element, kHeadDim>;
+  return with_fitting_config<typename C::Fwd, typename FwdSmallSmemOf<C>::type>(
+      "forward", [&](auto kt) { return run_fwd_with<decltype(kt)>(p, stream); });
 }
 
 template <typename Kt>

@@ -130,6 +130,14 @@ __device__ __forceinline__ T quad_allreduce_sum(T x) {
   return x;
 }
 
+// Hardware named barrier kId (0 is __syncthreads) over kThreads threads, whole warps. The id is
+// an immediate: with a register id ptxas reserves all 16 barriers of the CTA.
+template <int kId, int kThreads>
+__device__ __forceinline__ void named_barrier_sync() {
+  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0);
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 // Stores a fp32 accumulator tile (rows x cols, coordinates from `coord`) as Element pairs to
 // gmem rows [0, valid_rows). The two values of a pair are adjacent columns (m16n8 C layout).
 template <typename Element, typename Acc, typename Coord>

@@ -495,6 +495,7 @@ std::vector<SmemParam> small_smem_cases() {
   d.seqlens_k = {200, 64, 7};
   d.softcap = 15.f;
   add(kA100Smem, "hdim256_varlen_softcap", d);
+  add(kSm86Smem, "hdim256_varlen_softcap_fwd", d, /*backward=*/false);  // the forward's 96 KB fallback
   Case e = base(128, FLASHATTN_DTYPE_BF16, 1, 300, 257, 4, 2);
   add(kA100Smem, "hdim128", e);
   Case f = base(64, FLASHATTN_DTYPE_FP16, 2, 300, 190, 4, 2);
