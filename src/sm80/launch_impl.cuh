@@ -14,65 +14,51 @@
 
 namespace flashattn::sm80 {
 
-// Tile choice per head dim (FA2's sm80 choices); FwdSmallSmem and BwdSmallSmem, where a head dim
-// has them, for devices with less shared memory per block (with_fitting_config). Every forward
-// has a configuration within the 99 KB of sm86/sm89.
+// Tile choice per head dim (FA2's sm80 choices). FwdSmallSmem / BwdSmallSmem: the configuration a
+// head dim falls back to where its first choice needs more smem than the device has (sm86/sm89:
+// 99 KB, A100: 163 KB; with_fitting_config); void where the first choice fits everywhere it is
+// supported. A Config that has one hides this default. Every forward has a configuration
+// within the 99 KB of sm86/sm89.
+struct NoSmallSmem {
+  using FwdSmallSmem = void;
+  using BwdSmallSmem = void;
+};
 template <typename E, int D>
 struct Config;
 template <typename E>
-struct Config<E, 32> {
+struct Config<E, 32> : NoSmallSmem {
   using Fwd = FwdTraits<E, 32, 128, 128, 4>;
   using Bwd = BwdTraits<E, 32, 64, 128, 8, 2, 4, 4>;
 };
 template <typename E>
-struct Config<E, 64> {
+struct Config<E, 64> : NoSmallSmem {
   using Fwd = FwdTraits<E, 64, 128, 64, 4>;  // 128 x 128 spills (255 registers) with this code
   using Bwd = BwdTraits<E, 64, 128, 128, 8, 4, 4, 4>;  // FA2's tile: 163 KB, A100/H100
   using BwdSmallSmem = BwdTraits<E, 64, 64, 128, 8, 2, 4, 4>;  // 97 KB: sm86/sm89
 };
 template <typename E>
-struct Config<E, 96> {
+struct Config<E, 96> : NoSmallSmem {
   using Fwd = FwdTraits<E, 96, 128, 64, 4>;
   using Bwd = BwdTraits<E, 96, 64, 128, 8, 2, 4, 4>;
 };
 template <typename E>
-struct Config<E, 128> {
+struct Config<E, 128> : NoSmallSmem {
   using Fwd = FwdTraits<E, 128, 128, 64, 4>;
   using Bwd = BwdTraits<E, 128, 64, 128, 8, 2, 4, 2>;
 };
 template <typename E>
-struct Config<E, 192> {
+struct Config<E, 192> : NoSmallSmem {
   using Fwd = FwdTraits<E, 192, 128, 64, 8>;
   using Bwd = BwdTraits<E, 192, 64, 64, 8, 2, 4, 2>;
 };
 template <typename E>
-struct Config<E, 256> {
+struct Config<E, 256> : NoSmallSmem {
   // FA2's 128 x 64 tile with 8 warps measured no faster at 2k-16k and slower below (perf notes).
   // Two warps per query row (kernel_traits.h): 105 KB, two CTAs per SM on H100/H200.
   using Fwd = FwdTraits<E, 256, 64, 64, 4, /*kWarpsN=*/2>;
   using FwdSmallSmem = FwdTraits<E, 256, 64, 64, 4>;  // 96 KB: sm86/sm89
   using Bwd = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2>;  // 209 KB: H100/H200
   using BwdSmallSmem = BwdTraits<E, 256, 64, 64, 8, 4, 2, 2, /*kStagesQdO=*/1>;  // 145 KB: A100
-};
-
-// The backward configuration a head dim falls back to where its first choice needs more smem
-// than the device has (sm86/sm89: 99 KB, A100: 163 KB); void where the first choice fits
-// everywhere it is supported.
-template <typename C, typename = void>
-struct BwdSmallSmemOf {
-  using type = void;
-};
-template <typename C>
-struct BwdSmallSmemOf<C, std::void_t<typename C::BwdSmallSmem>> {
-  using type = typename C::BwdSmallSmem;
-};
-template <typename C, typename = void>
-struct FwdSmallSmemOf {
-  using type = void;
-};
-template <typename C>
-struct FwdSmallSmemOf<C, std::void_t<typename C::FwdSmallSmem>> {
-  using type = typename C::FwdSmallSmem;
 };
 
 // Shared memory a block may opt into on the current device (capped by flashattn_sm80_set_smem_limit).
@@ -140,7 +126,7 @@ flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
   using C = Config<Element, kHeadDim>;
-  return with_fitting_config<typename C::Fwd, typename FwdSmallSmemOf<C>::type>(
+  return with_fitting_config<typename C::Fwd, typename C::FwdSmallSmem>(
       "forward", [&](auto kt) { return run_fwd_with<decltype(kt)>(p, stream); });
 }
 
@@ -201,7 +187,7 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
 template <typename Element, int kHeadDim>
 flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream) {
   using C = Config<Element, kHeadDim>;
-  return with_fitting_config<typename C::Bwd, typename BwdSmallSmemOf<C>::type>(
+  return with_fitting_config<typename C::Bwd, typename C::BwdSmallSmem>(
       "backward", [&](auto kt) { return run_bwd_with<decltype(kt)>(p, workspace, stream); });
 }
 
