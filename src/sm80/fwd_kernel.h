@@ -180,14 +180,18 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
         }
       }
 
+      // Max of row mi over this warp's keys of the tile.
+      auto warp_row_max = [&](int mi) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
+        return quad_allreduce_max(mx);
+      };
       // kWarpsN > 1: publish this warp's row maxima; the barrier below makes them visible.
       if constexpr (kWarpsN > 1) {
 #pragma unroll
         for (int mi = 0; mi < kRows; ++mi) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
-          mx = quad_allreduce_max(mx);
+          const float mx = warp_row_max(mi);
           if (tidx % 4 == 0) s_row_stats[warp_n * kBlockM + get<0>(tScS_rc(mi, 0))] = mx;
         }
       }
@@ -213,9 +217,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
           for (int wn = 0; wn < kWarpsN; ++wn) mx = fmaxf(mx, s_row_stats[wn * kBlockM + get<0>(tScS_rc(mi, 0))]);
         } else {
-#pragma unroll
-          for (int ni = 0; ni < size<1>(scores); ++ni) mx = fmaxf(mx, scores(mi, ni));
-          mx = quad_allreduce_max(mx);
+          mx = warp_row_max(mi);
         }
         if constexpr (kLazyMax) {
           factor[mi] = row_state[mi].update_max_lazy(mx * st.exp2_scale, kLazyMaxSlackLog2);
