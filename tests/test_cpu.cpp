@@ -19,7 +19,7 @@
 #include "common/params.h"
 #include "common/softmax.h"
 #include "cpu/cpu_attention.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 #include "test_util.h"
 
 namespace flashattn::test {

@@ -22,7 +22,7 @@ struct Backend {
   const char* (*fwd_unsupported)(const FwdParams&);
   size_t (*fwd_workspace)(const FwdParams&);
   // stream is a cudaStream_t for device backends. Returns FLASHATTN_SUCCESS or calls
-  // set_error() (src/api/error.h) and returns its status.
+  // set_error() (src/common/error.h) and returns its status.
   flashattn_status (*fwd)(const FwdParams&, void* workspace, void* stream);
 
   const char* (*bwd_unsupported)(const BwdParams&);

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "api/cuda_util.h"
-#include "api/error.h"
+#include "common/error.h"
 
 namespace flashattn {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "api/cuda_util.h"
-#include "api/error.h"
+#include "common/error.h"
 #include "api/validate.h"
 
 namespace flashattn {

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "api/backend.h"
-#include "api/error.h"
+#include "common/error.h"
 #include "api/validate.h"
 
 namespace flashattn {

@@ -4,7 +4,7 @@
 
 #include "api/cuda_util.h"
 #include "api/dispatch.h"
-#include "api/error.h"
+#include "common/error.h"
 #include "api/validate.h"
 #include "flashattn/flashattn.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "api/cuda_util.h"
-#include "api/error.h"
+#include "common/error.h"
 
 namespace flashattn {
 

@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "api/error.h"
+#include "common/error.h"
 #include "common/half_convert.h"
 #include "common/mask.h"
 #include "common/softmax.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 
 // The hot functions are compiled for AVX-512 and AVX2+FMA as well as baseline x86-64, picked
 // at load time (GCC ifunc), so a generic build still runs at full width on the host CPU.

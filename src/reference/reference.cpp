@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "api/error.h"
+#include "common/error.h"
 #include "common/half_convert.h"
 #include "common/mask.h"
-#include "cpu/parallel.h"
+#include "common/parallel.h"
 
 namespace flashattn::reference {
 namespace {

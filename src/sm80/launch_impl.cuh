@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "api/error.h"
+#include "common/error.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/fwd_kernel.h"
 #include "sm80/kernel_traits.h"

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "api/backend.h"
-#include "api/error.h"
+#include "common/error.h"
 #include "flashattn/flashattn_experimental.h"
 #include "sm90/launch.h"
 

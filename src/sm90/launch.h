@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "api/error.h"
+#include "common/error.h"
 #include "common/params.h"
 #include "sm90/kernel.h"
 
