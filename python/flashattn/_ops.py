@@ -329,7 +329,8 @@ _BACKEND_SM90 = _lib.backend_id("sm90")
 
 
 def _bwd_backend(backend):
-    """The backward of a forward-only backend (sm90 has no backward yet) runs on the automatic choice."""
+    """sm90's backward covers head dims 64-128: a backward after an sm90 forward runs on the automatic
+    choice, which is sm90 where it has the head dim and sm80 otherwise."""
     return _lib.backend_id("auto") if backend == _BACKEND_SM90 else backend
 
 

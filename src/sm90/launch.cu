@@ -1,12 +1,14 @@
-// kSm90Backend: the Hopper (sm90a) forward path. The backward is not implemented here; the
-// dispatch falls back to the sm80 path for it. Head dims are instantiated by the generated
-// fwd_hdim<D>_<dtype>.cu files (FLASHATTN_SM90_HDIM_<D> says which exist).
+// kSm90Backend: the Hopper (sm90a) path. The backward lives in bwd_launch.cu; a head dim
+// without an sm90 backward falls back to the sm80 path in the dispatch. Forward head dims
+// are instantiated by the generated fwd_hdim<D>_<dtype>.cu files (FLASHATTN_SM90_HDIM_<D>
+// says which exist).
 #include <atomic>
 #include <cstdio>
 
 #include "api/backend.h"
 #include "common/error.h"
 #include "flashattn/flashattn_experimental.h"
+#include "sm90/bwd_entry.h"
 #include "sm90/launch.h"
 
 namespace flashattn {
@@ -104,14 +106,6 @@ flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed),
                           workspace};
   return fn(p, static_cast<cudaStream_t>(stream), opt);
-}
-
-const char* bwd_unsupported(const BwdParams&) {
-  return "backward is not implemented on sm90 (the sm80 path runs it)";
-}
-size_t bwd_workspace(const BwdParams&) { return 0; }
-flashattn_status bwd(const BwdParams& p, void*, void*) {
-  return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", bwd_unsupported(p));
 }
 
 }  // namespace

@@ -30,10 +30,6 @@ inline bool dynamic_schedule(const FwdParams& f) {
 }
 inline size_t fwd_workspace_bytes(const FwdParams& f) { return dynamic_schedule(f) ? 16 : 0; }
 
-// A dimension of extent 1 is never stepped over, and the API only validates the strides of
-// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
-inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
-
 template <class Traits>
 flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
   using namespace cute;

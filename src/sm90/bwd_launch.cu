@@ -1,0 +1,90 @@
+// The sm90 backend's backward entry points: head dim / dtype -> the generated instantiation
+// (bwd_hdim<D>_<dtype>.cu, FLASHATTN_SM90_BWD_HDIM_<D> says which exist).
+#include <cstdio>
+
+#include "common/error.h"
+#include "sm90/bwd_launch.h"
+#include "sm90/bwd_entry.h"
+
+namespace flashattn::sm90 {
+
+#define FA_SM90_BWD_FOR_EACH_DTYPE(D)                                                                   \
+  extern template flashattn_status launch_bwd<D, cutlass::half_t>(const BwdParams&, void*, cudaStream_t); \
+  extern template flashattn_status launch_bwd<D, cutlass::bfloat16_t>(const BwdParams&, void*, cudaStream_t);
+#if defined(FLASHATTN_SM90_BWD_HDIM_64)
+FA_SM90_BWD_FOR_EACH_DTYPE(64)
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_96)
+FA_SM90_BWD_FOR_EACH_DTYPE(96)
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_128)
+FA_SM90_BWD_FOR_EACH_DTYPE(128)
+#endif
+
+namespace {
+
+struct BwdEntry {
+  flashattn_status (*launch)(const BwdParams&, void*, cudaStream_t);
+  size_t (*workspace)(const BwdParams&);
+};
+
+template <int D>
+BwdEntry pick(flashattn_dtype dt) {
+  return {dt == FLASHATTN_DTYPE_FP16 ? &launch_bwd<D, cutlass::half_t> : &launch_bwd<D, cutlass::bfloat16_t>,
+          &bwd_workspace_bytes<D>};
+}
+
+BwdEntry find_bwd(int headdim, flashattn_dtype dt) {
+  switch (headdim) {
+#if defined(FLASHATTN_SM90_BWD_HDIM_64)
+    case 64: return pick<64>(dt);
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_96)
+    case 96: return pick<96>(dt);
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_128)
+    case 128: return pick<128>(dt);
+#endif
+    default: return {nullptr, nullptr};
+  }
+}
+
+}  // namespace
+
+const char* bwd_unsupported(const BwdParams& p) {
+  static thread_local char msg[160];
+  if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
+    return "dtype: only fp16 and bf16 are supported by sm90";
+  if (find_bwd(p.shape.headdim, p.dtype).launch == nullptr) {
+    std::snprintf(msg, sizeof(msg), "headdim %d has no sm90 backward in this build (compiled: %s)", p.shape.headdim,
+                  FLASHATTN_SM90_BWD_HEADDIMS_STR);
+    return msg;
+  }
+  // TMA descriptors need non-zero strides on every dimension that is stepped over.
+  const Shape& sh = p.shape;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int rows_q = varlen ? sh.total_q : sh.seqlen_q, rows_k = varlen ? sh.total_k : sh.seqlen_k;
+  struct { const char* name; const RowStrides& st; int rows, heads; } t[] = {
+      {"q", p.q_stride, rows_q, sh.nheads_q}, {"dout", p.dout_stride, rows_q, sh.nheads_q},
+      {"k", p.k_stride, rows_k, sh.nheads_kv}, {"v", p.v_stride, rows_k, sh.nheads_kv}};
+  for (const auto& x : t) {
+    if ((x.rows > 1 && x.st.row == 0) || (x.heads > 1 && x.st.head == 0) ||
+        (!varlen && sh.batch > 1 && x.st.batch == 0)) {
+      std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", x.name);
+      return msg;
+    }
+  }
+  return nullptr;
+}
+
+size_t bwd_workspace(const BwdParams& p) {
+  const BwdEntry e = find_bwd(p.shape.headdim, p.dtype);
+  return e.workspace != nullptr ? e.workspace(p) : 0;
+}
+
+flashattn_status bwd(const BwdParams& p, void* workspace, void* stream) {
+  if (const char* why = bwd_unsupported(p)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  return find_bwd(p.shape.headdim, p.dtype).launch(p, workspace, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace flashattn::sm90

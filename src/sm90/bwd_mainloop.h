@@ -1,0 +1,429 @@
+// The backward's producer/consumer collective for one key block (FA3's backward, Algorithm 2
+// of the paper, in our pieces): it owns its shared memory, its TMA descriptors (built in
+// to_params, the one place their types come from) and its params.
+//   load()      producer warp, one thread: K_j, V_j once; then per step (query head of the
+//               GQA group, query block i) Q_i + LSE_i and dO_i + D_i into kStages-deep rings.
+//   mma()       consumer warpgroups, per step:
+//                 S^T = K Q_i^T, dP^T = V dO_i^T (async, both issued before either is used)
+//                 P^T = exp2(S^T * scale_log2 - LSE_i)            (masked / softcapped)
+//                 dS^T = P^T * (dP^T - D_i) [* (1 - tanh^2)]
+//                 dS -> smem (stmatrix, transposed);  dV += P^T dO_i (RS)
+//                 dQ_i = dS K (SS, both warpgroups' dS: one barrier)   dK += dS^T Q_i (RS)
+//                 dQ_i -> smem slice of this warpgroup, handed to the dQ writer
+//   store_dq()  producer warpgroup's warp 1: per step, one bulk reduce-add (cp.reduce.async.bulk)
+//               per warpgroup slice into the fp32 accumulator, so no consumer waits on global
+//               atomics; deterministic mode orders the adds of the key blocks by a semaphore.
+// A CTA loops over the query heads of its GQA group itself, so dK/dV need no cross-CTA
+// reduction (and are deterministic by construction).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "common/softmax.h"
+#include "sm90/bwd_shapes.h"
+#include "sm90/bwd_workspace.h"
+#include "sm90/kernel_params.h"  // ShapeQKV, StrideQKV, tma_stride
+#include "sm90/mainloop.h"       // gemm_async
+#include "sm90/named_barriers.h"
+#include "sm90/softmax.h"
+
+namespace flashattn::sm90 {
+
+// Named barriers of the backward kernel (its own id space; 0 is __syncthreads).
+enum : uint32_t {
+  kBwdBarrierdS = 1,       // both consumer warpgroups' dS is in smem
+  kBwdBarrierdQEmpty = 2,  // 2 ids: a warpgroup's dQ slice may be overwritten
+  kBwdBarrierdQFull = 4,   // 2 ids: a warpgroup's dQ slice is ready for the writer
+};
+constexpr uint32_t kBwdDqBarrierThreads = 128 + 32;  // one consumer warpgroup + the writer warp
+
+// What one CTA (key block n_block of kv head kv_head, sequence batch) does.
+struct BwdWork {
+  SeqBounds seq;
+  Mask mask;
+  int n_block, kv_head, batch;
+  int m_begin, m_end;  // query blocks that see some key of the block
+  int group;           // query heads per kv head
+
+  __device__ int steps() const { return m_end > m_begin ? group * (m_end - m_begin) : 0; }
+};
+
+__device__ __forceinline__ BwdWork make_bwd_work(const BwdParams& p, int n_block, int kv_head, int batch,
+                                                 int block_m, int block_n) {
+  BwdWork w;
+  w.seq = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, batch);
+  w.mask = make_mask(p.mask, w.seq);
+  w.n_block = n_block;
+  w.kv_head = kv_head;
+  w.batch = batch;
+  w.group = p.shape.group_size();
+  w.m_begin = w.m_end = 0;
+  if (n_block * block_n < w.seq.seqlen_k && w.seq.seqlen_q > 0)
+    w.mask.query_block_range(n_block * block_n, block_n, block_m, &w.m_begin, &w.m_end);
+  return w;
+}
+
+template <class Element, class SmemLayout, class Tile>
+auto make_tma_load(const void* ptr, ShapeQKV shape, StrideQKV stride, SmemLayout smem, Tile tile) {
+  return cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{},
+      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(ptr)), cute::make_layout(shape, stride)),
+      smem, tile, cute::_1{});
+}
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  static constexpr int kStages = Traits::kStages, kNumMmaWG = Traits::kNumMmaWG;
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;  // Q + LSE, and dO + D: one state for both
+  using PipelineState = cutlass::PipelineState<kStages>;
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kD>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kD>>;
+  using TmaQ = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{},
+                                                cute::take<0, 2>(typename Traits::SmemLayoutQ{}), TileQ{}));
+  using TmaK = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutK{},
+                                                TileKV{}));
+  using TmaV = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutV{},
+                                                TileKV{}));
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutdO>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutdS>, 1024> ds;
+    cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutdQacc>, 128> dq_acc;
+    cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> lse;
+    cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> dpsum;
+    typename Pipeline::SharedStorage pipe_q;
+    typename Pipeline::SharedStorage pipe_do;
+    uint64_t kv_full;
+  };
+
+  struct Params {
+    TmaQ tma_q, tma_do;
+    TmaK tma_k;
+    TmaV tma_v;
+    ShapeQKV shape_q, shape_k;
+    BwdParams bwd;
+    BwdWorkspace ws;
+  };
+
+  static Params to_params(const BwdParams& p, const BwdWorkspace& ws) {
+    const Shape& s = p.shape;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int rows_q = varlen ? s.total_q : s.seqlen_q, rows_k = varlen ? s.total_k : s.seqlen_k;
+    const int batch = varlen ? 1 : s.batch;
+    auto stride = [&](int rows, int heads, const RowStrides& st) {
+      return StrideQKV(tma_stride(rows, st.row), cute::_1{}, tma_stride(heads, st.head), tma_stride(batch, st.batch));
+    };
+    const ShapeQKV shape_q(rows_q, kD, s.nheads_q, batch), shape_k(rows_k, kD, s.nheads_kv, batch);
+    const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
+    return {make_tma_load<Element>(p.q, shape_q, stride(rows_q, s.nheads_q, p.q_stride), smem_q, TileQ{}),
+            make_tma_load<Element>(p.dout, shape_q, stride(rows_q, s.nheads_q, p.dout_stride), smem_q, TileQ{}),
+            make_tma_load<Element>(p.k, shape_k, stride(rows_k, s.nheads_kv, p.k_stride),
+                                   typename Traits::SmemLayoutK{}, TileKV{}),
+            make_tma_load<Element>(p.v, shape_k, stride(rows_k, s.nheads_kv, p.v_stride),
+                                   typename Traits::SmemLayoutV{}, TileKV{}),
+            shape_q,
+            shape_k,
+            p,
+            ws};
+  }
+
+  __device__ static void prefetch_descriptors(const Params& p) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+  // Every thread; warp 0 initializes the barriers. A __syncthreads must follow.
+  __device__ static Pipeline make_pipeline(typename Pipeline::SharedStorage& storage) {
+    typename Pipeline::Params params;
+    params.transaction_bytes = Traits::kBytesQ + Traits::kBytesRowStat;
+    params.role = threadIdx.x < 128 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    params.is_leader = threadIdx.x == 0;
+    params.num_consumers = Traits::kNumMmaThreads;
+    return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+  }
+  __device__ static void init_kv_barrier(SharedStorage& ss) {
+    if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.kv_full, 1);
+  }
+
+  // The step order all three roles share: query heads of the group, then query blocks.
+  template <class Fn>
+  __device__ static void for_each_step(const BwdWork& w, Fn&& fn) {
+    if (w.steps() == 0) return;
+    for (int g = 0; g < w.group; ++g)
+      for (int m = w.m_begin; m < w.m_end; ++m) fn(w.kv_head * w.group + g, m);
+  }
+
+  __device__ static int64_t stat_tile(const Params& p, const BwdWork& w, int q_head, int m_block) {
+    const int64_t row0 = BwdWorkspace::packed_row0(w.seq, p.bwd.shape, w.batch, p.bwd.cu_seqlens_q != nullptr);
+    return p.ws.tile(q_head, row0, w.batch, m_block, kBlockM);
+  }
+
+  // ---- producer (one thread) ----
+  __device__ static void load(const Params& p, SharedStorage& ss, Pipeline& pipe_q, Pipeline& pipe_do,
+                              const BwdWork& w) {
+    using namespace cute;
+    if (w.steps() == 0) return;
+    using Hint = TMA::CacheHintSm90;
+    const int b = p.bwd.cu_seqlens_q != nullptr ? 0 : w.batch;
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    const auto k_origin = make_coord(int32_t(w.seq.k_offset), _0{});
+    Tensor gK = local_tile(domain_offset(k_origin, mK(_, _, w.kv_head, b)), TileKV{}, make_coord(w.n_block, _0{}));
+    Tensor gV = local_tile(domain_offset(k_origin, mV(_, _, w.kv_head, b)), TileKV{}, make_coord(w.n_block, _0{}));
+    // Rank-1 views so tma_partition sees one (TMA) mode on each side.
+    auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{},
+                                      group_modes<0, 2>(make_tensor(sK.data(), make_layout(sK.layout(), Layout<_1>{}))),
+                                      group_modes<0, 2>(make_tensor(gK.data(), make_layout(gK.layout(), Layout<_1>{}))));
+    auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{},
+                                      group_modes<0, 2>(make_tensor(sV.data(), make_layout(sV.layout(), Layout<_1>{}))),
+                                      group_modes<0, 2>(make_tensor(gV.data(), make_layout(gV.layout(), Layout<_1>{}))));
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.kv_full, 2 * Traits::kBytesKV);
+    copy(p.tma_k.with(ss.kv_full, 0, Hint::EVICT_FIRST), tKgK, tKsK);
+    copy(p.tma_v.with(ss.kv_full, 0, Hint::EVICT_FIRST), tVgV, tVsV);
+
+    auto state = cutlass::make_producer_start_state<Pipeline>();
+    const auto q_origin = make_coord(int32_t(w.seq.q_offset), _0{});
+    for_each_step(w, [&](int q_head, int m_block) {
+      // Q_i / dO_i are re-read by every key block of the head: keep them in L2.
+      Tensor gQ = local_tile(domain_offset(q_origin, mQ(_, _, q_head, b)), TileQ{}, make_coord(m_block, _0{}));
+      Tensor gdO = local_tile(domain_offset(q_origin, mdO(_, _, q_head, b)), TileQ{}, make_coord(m_block, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] =
+          tma_partition(p.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const int64_t tile = stat_tile(p, w, q_head, m_block);
+      const int stage = state.index();
+      pipe_q.producer_acquire(state);
+      copy(p.tma_q.with(*pipe_q.producer_get_barrier(state), 0, Hint::EVICT_LAST), tQgQ, tQsQ(_, stage));
+      SM90_BULK_COPY_G2S::copy(p.ws.lse_log2 + tile * kBlockM, pipe_q.producer_get_barrier(state),
+                               ss.lse.data() + stage * kBlockM, Traits::kBytesRowStat);
+      pipe_do.producer_acquire(state);
+      copy(p.tma_do.with(*pipe_do.producer_get_barrier(state), 0, Hint::EVICT_LAST), tdOgdO, tdOsdO(_, stage));
+      SM90_BULK_COPY_G2S::copy(p.ws.dpsum + tile * kBlockM, pipe_do.producer_get_barrier(state),
+                               ss.dpsum.data() + stage * kBlockM, Traits::kBytesRowStat);
+      ++state;
+    });
+  }
+
+  // ---- dQ writer (one warp) ----
+  __device__ static void store_dq(const Params& p, SharedStorage& ss, const BwdWork& w) {
+    const bool leader = threadIdx.x % 32 == 0;
+    const bool deterministic = p.ws.dq_semaphore != nullptr;
+    for_each_step(w, [&](int q_head, int m_block) {
+      const int64_t tile = stat_tile(p, w, q_head, m_block);
+      float* gacc = p.ws.dq_accum + tile * kBlockM * kD;
+      int* sem = deterministic ? p.ws.dq_semaphore + tile : nullptr;
+      if (deterministic && leader) wait_turn(sem, key_blocks_before(w, m_block));
+      __syncwarp();
+#pragma unroll
+      for (int wg = 0; wg < kNumMmaWG; ++wg) {
+        named_barrier_sync(kBwdBarrierdQFull + wg, kBwdDqBarrierThreads);
+        if (leader) {
+          bulk_reduce_add(gacc + wg * Traits::kDqSliceFloats, ss.dq_acc.data() + wg * Traits::kDqSliceFloats,
+                          Traits::kDqSliceFloats * int(sizeof(float)));
+          cute::tma_store_arrive();
+        }
+      }
+      // Each slice may be refilled once its reduce has read it.
+      if (leader) cute::tma_store_wait<kNumMmaWG - 1>();
+      __syncwarp();
+      named_barrier_arrive(kBwdBarrierdQEmpty + 0, kBwdDqBarrierThreads);
+      if (leader) cute::tma_store_wait<0>();
+      __syncwarp();
+      named_barrier_arrive(kBwdBarrierdQEmpty + 1, kBwdDqBarrierThreads);
+      if (deterministic && leader) {
+        bulk_wait_all();  // the adds themselves are done, not only their smem reads
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        __threadfence();
+        atomicAdd(sem, 1);
+      }
+    });
+    if (leader) cute::tma_store_wait<0>();
+  }
+
+  // ---- consumers ----
+  template <class TensorAcc>
+  __device__ static void mma(const Params& p, SharedStorage& ss, Pipeline& pipe_q, Pipeline& pipe_do,
+                             PipelineState& state, const BwdWork& w, TensorAcc& tdKrdK, TensorAcc& tdVrdV,
+                             int mma_tidx) {
+    using namespace cute;
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
+    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
+    const int wg = mma_tidx / 128;
+
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Traits::SmemLayoutV{});
+    Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdOt{});
+    Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = as_position_independent_swizzle_tensor(
+        make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{}));
+    Tensor sdQ = make_tensor(make_smem_ptr(ss.dq_acc.data()), typename Traits::SmemLayoutdQacc{});
+    Tensor sLSE = make_tensor(make_smem_ptr(ss.lse.data()), typename Traits::SmemLayoutRowStatMma{});
+    Tensor sdPsum = make_tensor(make_smem_ptr(ss.dpsum.data()), typename Traits::SmemLayoutRowStatMma{});
+
+    // WGMMA descriptors / operand views: (MMA, MMA_M|N, MMA_K[, stage]).
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+    Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+
+    auto r2s_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, mma_sdp);
+    auto thr_r2s_ds = r2s_ds.get_thread_slice(mma_tidx);
+    Tensor tdSsdS = thr_r2s_ds.partition_D(sdSt);  // (CPY, CPY_M, CPY_N, stage)
+    auto thr_r2s_dq = typename Traits::R2SCopydQacc{}.get_thread_slice(mma_tidx);
+    Tensor tdQsdQ = thr_r2s_dq.partition_D(sdQ);
+
+    // This thread's query columns of S^T: their LSE / D per stage, in the rowcol column order.
+    Tensor tLSEsLSE = group_modes<0, 3>(thr_sdp.partition_C(sLSE)(make_coord(_, _0{}, _), _0{}, _, _));
+    Tensor tDsD = group_modes<0, 3>(thr_sdp.partition_C(sdPsum)(make_coord(_, _0{}, _), _0{}, _, _));
+    Tensor cS = thr_sdp.partition_C(make_identity_tensor(cute::Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    Tensor cS_rc = make_tensor(cS.data(), acc_rowcol(cS.layout()));  // (key, query) per element
+
+    const ScoreTransform tf = ScoreTransform::make(p.bwd.mask.softmax_scale, p.bwd.mask.softcap);
+    const int key0 = w.n_block * kBlockN;
+
+    if (w.steps() == 0) return;  // no query reaches these keys: dK = dV = 0
+    // The writer warp's first "slice free" is this warpgroup's own arrival.
+    if (mma_tidx % 128 < 32) named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
+    cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+
+    for_each_step(w, [&](int, int m_block) {
+      const int stage = state.index();
+      Tensor tSrS = partition_fragment_C(mma_sdp, cute::Shape<Int<kBlockN>, Int<kBlockM>>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, cute::Shape<Int<kBlockN>, Int<kBlockM>>{});
+      pipe_q.consumer_wait(state);
+      gemm_async<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      pipe_do.consumer_wait(state);
+      gemm_async<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP);
+      Tensor lse = make_fragment_like(tLSEsLSE(_, _0{}));
+      copy(tLSEsLSE(_, stage), lse);
+      Tensor dsum = make_fragment_like(tDsD(_, _0{}));
+      copy(tDsD(_, stage), dsum);
+      warpgroup_wait<1>();  // S^T ready, dP^T may still run
+      warpgroup_fence_operand(tSrS);
+
+      // P^T = exp2(capped S^T * exp2_scale - LSE) with masked entries 0.
+      Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+      const bool masked = w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
+#pragma unroll
+      for (int c = 0; c < size<1>(s); ++c) {
+        const int q = m_block * kBlockM + get<1>(cS_rc(0, c));
+        const int kb = w.mask.key_begin(q), ke = q < w.seq.seqlen_q ? w.mask.key_end(q) : 0;
+#pragma unroll
+        for (int r = 0; r < size<0>(s); ++r) {
+          const int key = key0 + get<0>(cS_rc(r, c));
+          const float x = fmaf(tf.apply(s(r, c)), tf.exp2_scale, -lse(c));
+          s(r, c) = (masked && (key < kb || key >= ke)) ? 0.f : exp2f(x);
+        }
+      }
+      warpgroup_wait<0>();  // dP^T ready
+      warpgroup_fence_operand(tdPrdP);
+      // dS^T = P^T (dP^T - D), times d(capped)/d(raw) with softcap: recovered from P itself,
+      // capped = (log2 P + LSE) / exp2_scale, so no second score array is kept live.
+      Tensor ds = make_tensor(tdPrdP.data(), s.layout());
+#pragma unroll
+      for (int c = 0; c < size<1>(s); ++c) {
+#pragma unroll
+        for (int r = 0; r < size<0>(s); ++r) {
+          float v = s(r, c) * (ds(r, c) - dsum(c));
+          if (tf.softcap > 0.f)
+            v = s(r, c) == 0.f ? 0.f : v * tf.dtanh_factor((log2f(s(r, c)) + lse(c)) * (1.f / tf.exp2_scale));
+          ds(r, c) = v;
+        }
+      }
+      Tensor rP = make_tensor<Element>(tSrS.layout());
+      convert_fragment(tSrS, rP);
+      Tensor rdS = make_tensor<Element>(tdPrdP.layout());
+      convert_fragment(tdPrdP, rdS);
+
+      // dS (transposed by stmatrix) to this stage's buffer; the other stage may still be read
+      // by the other warpgroup's dQ GEMM of the previous step, this one no longer (the barrier
+      // below was passed since).
+      copy(r2s_ds, thr_r2s_ds.retile_S(rdS), tdSsdS(_, _, _, stage));
+      // dV += P^T dO_i
+      Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(tSrS.layout()));
+      gemm_async<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), tdVrdV);
+      cutlass::arch::fence_view_async_shared();  // dS stores -> visible to WGMMA
+      named_barrier_sync(kBwdBarrierdS, Traits::kNumMmaThreads);
+      // dQ_i = dS K (this warpgroup's half of the head dim)
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, cute::Shape<Int<kBlockM>, Int<kD>>{});
+      gemm_async<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrK, tdQrdQ);
+      warpgroup_wait<1>();  // dV done: dO_i no longer read
+      pipe_do.consumer_release(state);
+      // dK += dS^T Q_i
+      Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(tdPrdP.layout()));
+      gemm_async<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), tdKrdK);
+      warpgroup_wait<1>();  // dQ done
+      warpgroup_fence_operand(tdQrdQ);
+      named_barrier_sync(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
+      copy(thr_r2s_dq.retile_S(tdQrdQ), tdQsdQ);
+      cutlass::arch::fence_view_async_shared();  // dQ stores -> visible to the bulk reduce
+      named_barrier_arrive(kBwdBarrierdQFull + wg, kBwdDqBarrierThreads);
+      warpgroup_wait<0>();  // dK done: Q_i no longer read
+      warpgroup_fence_operand(tdKrdK);
+      pipe_q.consumer_release(state);
+      ++state;
+    });
+  }
+
+ private:
+  __device__ static void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
+    const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(s),
+                 "r"(bytes)
+                 : "memory");
+  }
+  __device__ static void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+  // Deterministic mode: the key blocks that add into query block m_block do so in increasing
+  // order. Those before this one: the first key block that reaches m_block up to this one
+  // (the key blocks reaching a query block are contiguous: the mask's bounds are monotone).
+  __device__ static int key_blocks_before(const BwdWork& w, int m_block) {
+    int lo = 0, hi = w.n_block;  // first n in [0, n_block] whose query range reaches m_block
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      int mb, me;
+      w.mask.query_block_range(mid * kBlockN, kBlockN, kBlockM, &mb, &me);
+      if (me > m_block && me > mb) hi = mid; else lo = mid + 1;
+    }
+    return w.n_block - lo;
+  }
+  __device__ static void wait_turn(int* sem, int expected) {
+    int v;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+    } while (v != expected);
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  }
+};
+
+}  // namespace flashattn::sm90
