@@ -326,39 +326,28 @@ struct BwdMainloop {
       gemm_async<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP);
       Tensor lse = make_fragment_like(tLSEsLSE(_, _0{}));
       copy(tLSEsLSE(_, stage), lse);
-      Tensor dsum = make_fragment_like(tDsD(_, _0{}));
-      copy(tDsD(_, stage), dsum);
       warpgroup_wait<1>();  // S^T ready, dP^T may still run
       warpgroup_fence_operand(tSrS);
 
-      // P^T = exp2(capped S^T * exp2_scale - LSE) with masked entries 0.
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-      const bool masked = w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
-#pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) {
-        const int q = m_block * kBlockM + get<1>(cS_rc(0, c));
-        const int kb = w.mask.key_begin(q), ke = q < w.seq.seqlen_q ? w.mask.key_end(q) : 0;
-#pragma unroll
-        for (int r = 0; r < size<0>(s); ++r) {
-          const int key = key0 + get<0>(cS_rc(r, c));
-          const float x = fmaf(tf.apply(s(r, c)), tf.exp2_scale, -lse(c));
-          s(r, c) = (masked && (key < kb || key >= ke)) ? 0.f : exp2f(x);
-        }
-      }
-      warpgroup_wait<0>();  // dP^T ready
-      warpgroup_fence_operand(tdPrdP);
-      // dS^T = P^T (dP^T - D), times d(capped)/d(raw) with softcap: recovered from P itself,
-      // capped = (log2 P + LSE) / exp2_scale, so no second score array is kept live.
       Tensor ds = make_tensor(tdPrdP.data(), s.layout());
-#pragma unroll
-      for (int c = 0; c < size<1>(s); ++c) {
-#pragma unroll
-        for (int r = 0; r < size<0>(s); ++r) {
-          float v = s(r, c) * (ds(r, c) - dsum(c));
-          if (tf.softcap > 0.f)
-            v = s(r, c) == 0.f ? 0.f : v * tf.dtanh_factor((log2f(s(r, c)) + lse(c)) * (1.f / tf.exp2_scale));
-          ds(r, c) = v;
-        }
+      // Four copies of the elementwise code, picked per step by uniform branches, so interior
+      // tiles pay for no mask and softcap-free calls for no tanh.
+      const bool masked = w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
+      auto elementwise = [&](auto masked_tag, auto softcap_tag) {
+        scores_to_p<decltype(masked_tag)::value, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, m_block, key0);
+        Tensor dsum = make_fragment_like(tDsD(_, _0{}));  // loaded late: fewer live registers
+        copy(tDsD(_, stage), dsum);
+        warpgroup_wait<0>();  // dP^T ready
+        warpgroup_fence_operand(tdPrdP);
+        dp_to_ds<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf);
+      };
+      if (tf.softcap > 0.f) {
+        if (masked) elementwise(cute::true_type{}, cute::true_type{});
+        else elementwise(cute::false_type{}, cute::true_type{});
+      } else {
+        if (masked) elementwise(cute::true_type{}, cute::false_type{});
+        else elementwise(cute::false_type{}, cute::false_type{});
       }
       Tensor rP = make_tensor<Element>(tSrS.layout());
       convert_fragment(tSrS, rP);
@@ -396,6 +385,54 @@ struct BwdMainloop {
   }
 
  private:
+  // S^T (rowcol: keys x queries) -> P^T = exp2(capped score * exp2_scale - LSE); masked 0.
+  template <bool kMasked, bool kSoftcap, class TensorS, class TensorL, class TensorC>
+  __device__ static void scores_to_p(TensorS& s, const TensorL& lse, const TensorC& coord, const BwdWork& w,
+                                     const ScoreTransform& tf, int m_block, int key0) {
+    using namespace cute;
+#pragma unroll
+    for (int c = 0; c < size<1>(s); ++c) {
+      int kb = 0, ke = 0;
+      if constexpr (kMasked) {
+        const int q = m_block * kBlockM + get<1>(coord(0, c));
+        kb = w.mask.key_begin(q);
+        ke = q < w.seq.seqlen_q ? w.mask.key_end(q) : 0;
+      }
+#pragma unroll
+      for (int r = 0; r < size<0>(s); ++r) {
+        float x = s(r, c);
+        if constexpr (kSoftcap) x = tf.softcap * tanhf(x * tf.pre_scale);
+        float p = exp2f(fmaf(x, tf.exp2_scale, -lse(c)));
+        if constexpr (kMasked) {
+          const int key = key0 + get<0>(coord(r, 0));
+          if (key < kb || key >= ke) p = 0.f;
+        }
+        s(r, c) = p;
+      }
+    }
+  }
+
+  // dS^T = P^T (dP^T - D), times d(capped)/d(raw) = 1 - (capped / cap)^2 with softcap. The
+  // capped score is recovered from P itself, (log2 P + LSE) / exp2_scale, so no second score
+  // array stays live across the dP wait.
+  template <bool kSoftcap, class TensorS, class TensorL>
+  __device__ static void dp_to_ds(const TensorS& p, TensorS& ds, const TensorL& lse, const TensorL& dsum,
+                                  const ScoreTransform& tf) {
+    using namespace cute;
+#pragma unroll
+    for (int c = 0; c < size<1>(p); ++c) {
+#pragma unroll
+      for (int r = 0; r < size<0>(p); ++r) {
+        float v = p(r, c) * (ds(r, c) - dsum(c));
+        if constexpr (kSoftcap) {
+          const float capped = (log2f(p(r, c)) + lse(c)) * (1.f / tf.exp2_scale);
+          v = p(r, c) == 0.f ? 0.f : v * tf.dtanh_factor(capped);
+        }
+        ds(r, c) = v;
+      }
+    }
+  }
+
   __device__ static void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
     const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem), "r"(s),

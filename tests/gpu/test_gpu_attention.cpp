@@ -276,6 +276,14 @@ std::vector<GridCase> grid_cases() {
     v.push_back({"window_0_0", c});
   }
   {
+    // A sliding window across many key blocks: the backward's key blocks each see a band of
+    // query blocks, some none at all (sq < sk, bottom-right aligned).
+    Case c = base(128, B16, 1, 900, 1300, 4, 2);
+    c.window_left = 200;
+    c.window_right = 50;
+    v.push_back({"window_gqa_900x1300", c});
+  }
+  {
     Case c = base(64, B16, 2, 300, 300, 2, 2);
     c.causal = true;
     c.softcap = 30.f;
@@ -349,21 +357,22 @@ std::vector<GridCase> grid_cases() {
   }
   // More tiles than SMs, so persistent sm90 CTAs run several tiles each and cycle through both
   // Q buffers: static and dynamic schedules, with tiles that have no keys (causal sq > sk,
-  // empty varlen sequences) in between.
+  // empty varlen sequences) in between. Backward: many key blocks per head, GQA groups of 4,
+  // key blocks no query reaches (dK = dV = 0).
   {
     Case c = base(128, B16, 2, 1100, 700, 16, 4);
-    v.push_back({"persistent_tiles_gqa", c, /*backward=*/false});
+    v.push_back({"persistent_tiles_gqa", c});
   }
   {
     Case c = base(64, F16, 3, 700, 300, 16, 16);
     c.causal = true;
-    v.push_back({"persistent_causal_sq_gt_sk", c, /*backward=*/false});
+    v.push_back({"persistent_causal_sq_gt_sk", c});
   }
   {
     Case c = base(128, F16, 1, 64, 64, 16, 4);
     c.seqlens_q = {1000, 65, 700, 1, 300};
     c.seqlens_k = {300, 0, 1300, 9, 257};
-    v.push_back({"persistent_varlen_empty_keys", c, /*backward=*/false});
+    v.push_back({"persistent_varlen_empty_keys", c});
   }
   return v;
 }
@@ -532,16 +541,26 @@ TEST(GpuSmemCap, BackwardThatDoesNotFitIsRefused) {
 
 class GpuDeterminism : public ::testing::TestWithParam<flashattn_backend> {};
 
+void check_bitwise_reproducible(flashattn_backend backend, const Case& c);
+
 TEST_P(GpuDeterminism, BackwardIsBitwiseReproducible) {
   const flashattn_backend backend = GetParam();
   const std::string skip = skip_reason(backend);
   if (!skip.empty()) GTEST_SKIP() << skip;
   // Many key blocks per query block (dQ is summed over them) and a GQA group (dK/dV summed
-  // over heads); causal and varlen so the ordering logic sees ragged block ranges.
+  // over heads); causal and varlen, then a sliding window, so the ordering logic sees ragged
+  // block ranges.
   Case c = base(128, FLASHATTN_DTYPE_BF16, 1, 64, 64, 4, 2);
   c.seqlens_q = {1500, 77, 700};
   c.seqlens_k = {1500, 900, 1299};
   c.causal = true;
+  Case w = base(64, FLASHATTN_DTYPE_FP16, 2, 700, 1100, 4, 1);
+  w.window_left = 300;
+  w.window_right = 100;
+  for (const Case& cs : {c, w}) check_bitwise_reproducible(backend, cs);
+}
+
+void check_bitwise_reproducible(flashattn_backend backend, const Case& c) {
   Problem p(c);
   DeviceProblem dp(p);
   ASSERT_TRUE(dp.ok());
@@ -574,8 +593,7 @@ TEST_P(GpuDeterminism, BackwardIsBitwiseReproducible) {
   EXPECT_TRUE(check_bwd(p, exact, standard));
 }
 
-// sm90 is forward-only (its backward runs on sm80), so only sm80 has a backward to test here.
-INSTANTIATE_TEST_SUITE_P(Backends, GpuDeterminism, ::testing::Values(FLASHATTN_BACKEND_SM80),
+INSTANTIATE_TEST_SUITE_P(Backends, GpuDeterminism, ::testing::Values(FLASHATTN_BACKEND_SM80, FLASHATTN_BACKEND_SM90),
                          [](const ::testing::TestParamInfo<flashattn_backend>& i) {
                            return std::string(flashattn_backend_name(i.param));
                          });
