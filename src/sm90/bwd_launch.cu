@@ -20,18 +20,25 @@ FA_SM90_BWD_FOR_EACH_DTYPE(96)
 #if defined(FLASHATTN_SM90_BWD_HDIM_128)
 FA_SM90_BWD_FOR_EACH_DTYPE(128)
 #endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_192)
+FA_SM90_BWD_FOR_EACH_DTYPE(192)
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_256)
+FA_SM90_BWD_FOR_EACH_DTYPE(256)
+#endif
 
 namespace {
 
 struct BwdEntry {
   flashattn_status (*launch)(const BwdParams&, void*, cudaStream_t);
   size_t (*workspace)(const BwdParams&);
+  bool ordered_dq;  // dQ goes through the writer warp, which can order it (deterministic mode)
 };
 
 template <int D>
 BwdEntry pick(flashattn_dtype dt) {
   return {dt == FLASHATTN_DTYPE_FP16 ? &launch_bwd<D, cutlass::half_t> : &launch_bwd<D, cutlass::bfloat16_t>,
-          &bwd_workspace_bytes<D>};
+          &bwd_workspace_bytes<D>, BwdTraits<D, cutlass::bfloat16_t>::kDqBulkReduce};
 }
 
 BwdEntry find_bwd(int headdim, flashattn_dtype dt) {
@@ -45,7 +52,13 @@ BwdEntry find_bwd(int headdim, flashattn_dtype dt) {
 #if defined(FLASHATTN_SM90_BWD_HDIM_128)
     case 128: return pick<128>(dt);
 #endif
-    default: return {nullptr, nullptr};
+#if defined(FLASHATTN_SM90_BWD_HDIM_192)
+    case 192: return pick<192>(dt);
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_256)
+    case 256: return pick<256>(dt);
+#endif
+    default: return {nullptr, nullptr, false};
   }
 }
 
@@ -55,9 +68,16 @@ const char* bwd_unsupported(const BwdParams& p) {
   static thread_local char msg[160];
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
     return "dtype: only fp16 and bf16 are supported by sm90";
-  if (find_bwd(p.shape.headdim, p.dtype).launch == nullptr) {
+  const BwdEntry e = find_bwd(p.shape.headdim, p.dtype);
+  if (e.launch == nullptr) {
     std::snprintf(msg, sizeof(msg), "headdim %d has no sm90 backward in this build (compiled: %s)", p.shape.headdim,
                   FLASHATTN_SM90_BWD_HEADDIMS_STR);
+    return msg;
+  }
+  // Its dQ is added by atomics from registers (no smem left for the ordered bulk reduce).
+  if (p.deterministic && !e.ordered_dq) {
+    std::snprintf(msg, sizeof(msg), "deterministic: the sm90 backward at headdim %d is not deterministic (sm80's is)",
+                  p.shape.headdim);
     return msg;
   }
   // TMA descriptors need non-zero strides on every dimension that is stepped over.

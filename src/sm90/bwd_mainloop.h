@@ -98,7 +98,13 @@ struct BwdMainloop {
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutdO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutdS>, 1024> ds;
-    cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutdQacc>, 128> dq_acc;
+    std::conditional_t<Traits::kKeysPerWG, cute::array<Element, 0>,
+                       cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutPt>, 1024>>
+        pt;
+    std::conditional_t<Traits::kDqBulkReduce,
+                       cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutdQacc>, 128>,
+                       cute::array<float, 0>>
+        dq_acc;
     cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> lse;
     cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> dpsum;
     typename Pipeline::SharedStorage pipe_q;
@@ -224,6 +230,7 @@ struct BwdMainloop {
 
   // ---- dQ writer (one warp) ----
   __device__ static void store_dq(const Params& p, SharedStorage& ss, const BwdWork& w) {
+    if constexpr (!Traits::kDqBulkReduce) return;  // the consumers add dQ with atomics
     const bool leader = threadIdx.x % 32 == 0;
     const bool deterministic = p.ws.dq_semaphore != nullptr;
     for_each_step(w, [&](int q_head, int m_block) {
@@ -265,10 +272,12 @@ struct BwdMainloop {
                              int mma_tidx) {
     using namespace cute;
     typename Traits::TiledMmaSdP mma_sdp;
-    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadV mma_dv;
+    typename Traits::TiledMmadK mma_dk;
     typename Traits::TiledMmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(mma_tidx);
-    auto thr_dkv = mma_dkv.get_thread_slice(mma_tidx);
+    auto thr_dv = mma_dv.get_thread_slice(mma_tidx);
+    auto thr_dk = mma_dk.get_thread_slice(mma_tidx);
     auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
     const int wg = mma_tidx / 128;
 
@@ -282,6 +291,8 @@ struct BwdMainloop {
     Tensor sdS = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdS{});
     Tensor sdSt = as_position_independent_swizzle_tensor(
         make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{}));
+    Tensor sdSt_desc = make_tensor(make_smem_ptr(ss.ds.data()), typename Traits::SmemLayoutdSt{});
+    Tensor sPt = make_tensor(make_smem_ptr(ss.pt.data()), typename Traits::SmemLayoutPt{});
     Tensor sdQ = make_tensor(make_smem_ptr(ss.dq_acc.data()), typename Traits::SmemLayoutdQacc{});
     Tensor sLSE = make_tensor(make_smem_ptr(ss.lse.data()), typename Traits::SmemLayoutRowStatMma{});
     Tensor sdPsum = make_tensor(make_smem_ptr(ss.dpsum.data()), typename Traits::SmemLayoutRowStatMma{});
@@ -291,14 +302,17 @@ struct BwdMainloop {
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
     Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
     Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
-    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdVrdO = thr_dv.partition_fragment_B(sdOt);
+    Tensor tdKrQ = thr_dk.partition_fragment_B(sQt);
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
 
     auto r2s_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdS{}, mma_sdp);
     auto thr_r2s_ds = r2s_ds.get_thread_slice(mma_tidx);
     Tensor tdSsdS = thr_r2s_ds.partition_D(sdSt);  // (CPY, CPY_M, CPY_N, stage)
+    auto r2s_p = make_tiled_copy_C(typename Traits::SmemCopyAtomP{}, mma_sdp);
+    auto thr_r2s_p = r2s_p.get_thread_slice(mma_tidx);
+    Tensor tPsPt = thr_r2s_p.partition_D(as_position_independent_swizzle_tensor(sPt));
     auto thr_r2s_dq = typename Traits::R2SCopydQacc{}.get_thread_slice(mma_tidx);
     Tensor tdQsdQ = thr_r2s_dq.partition_D(sdQ);
 
@@ -313,10 +327,11 @@ struct BwdMainloop {
 
     if (w.steps() == 0) return;  // no query reaches these keys: dK = dV = 0
     // The writer warp's first "slice free" is this warpgroup's own arrival.
-    if (mma_tidx % 128 < 32) named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
+    if (Traits::kDqBulkReduce && mma_tidx % 128 < 32)
+      named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
     cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
 
-    for_each_step(w, [&](int, int m_block) {
+    for_each_step(w, [&](int q_head, int m_block) {
       const int stage = state.index();
       Tensor tSrS = partition_fragment_C(mma_sdp, cute::Shape<Int<kBlockN>, Int<kBlockM>>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, cute::Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -354,29 +369,53 @@ struct BwdMainloop {
       Tensor rdS = make_tensor<Element>(tdPrdP.layout());
       convert_fragment(tdPrdP, rdS);
 
-      // dS (transposed by stmatrix) to this stage's buffer; the other stage may still be read
-      // by the other warpgroup's dQ GEMM of the previous step, this one no longer (the barrier
-      // below was passed since).
-      copy(r2s_ds, thr_r2s_ds.retile_S(rdS), tdSsdS(_, _, _, stage));
-      // dV += P^T dO_i
-      Tensor tdVrP = make_tensor(rP.data(), acc_as_a_operand(tSrS.layout()));
-      gemm_async<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), tdVrdV);
-      cutlass::arch::fence_view_async_shared();  // dS stores -> visible to WGMMA
-      named_barrier_sync(kBwdBarrierdS, Traits::kNumMmaThreads);
-      // dQ_i = dS K (this warpgroup's half of the head dim)
       Tensor tdQrdQ = partition_fragment_C(mma_dq, cute::Shape<Int<kBlockM>, Int<kD>>{});
-      gemm_async<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrK, tdQrdQ);
-      warpgroup_wait<1>();  // dV done: dO_i no longer read
-      pipe_do.consumer_release(state);
-      // dK += dS^T Q_i
-      Tensor tdKrdS = make_tensor(rdS.data(), acc_as_a_operand(tdPrdP.layout()));
-      gemm_async<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), tdKrdK);
+      if constexpr (Traits::kKeysPerWG) {
+        // dS (transposed by stmatrix) to this stage's buffer; the other stage may still be read
+        // by the other warpgroup's dQ GEMM of the previous step, this one no longer (the barrier
+        // below was passed since).
+        copy(r2s_ds, thr_r2s_ds.retile_S(rdS), tdSsdS(_, _, _, stage));
+        // dV += P^T dO_i (P^T from registers)
+        gemm_async<false>(mma_dv, make_tensor(rP.data(), acc_as_a_operand(tSrS.layout())), tdVrdO(_, _, _, stage),
+                          tdVrdV);
+        cutlass::arch::fence_view_async_shared();  // dS stores -> visible to WGMMA
+        named_barrier_sync(kBwdBarrierdS, Traits::kNumMmaThreads);
+        // dQ_i = dS K (this warpgroup's half of the head dim)
+        gemm_async<true>(mma_dq, tdQrdS(_, _, _, stage), tdQrK, tdQrdQ);
+        warpgroup_wait<1>();  // dV done: dO_i no longer read
+        pipe_do.consumer_release(state);
+        // dK += dS^T Q_i
+        gemm_async<false>(mma_dk, make_tensor(rdS.data(), acc_as_a_operand(tdPrdP.layout())),
+                          tdKrQ(_, _, _, stage), tdKrdK);
+      } else {
+        // One P^T / dS buffer: the other warpgroup must be done with the last step's.
+        named_barrier_sync(kBwdBarrierdS, Traits::kNumMmaThreads);
+        copy(r2s_p, thr_r2s_p.retile_S(rP), tPsPt(_, _, _, 0));
+        copy(r2s_ds, thr_r2s_ds.retile_S(rdS), tdSsdS(_, _, _, 0));
+        cutlass::arch::fence_view_async_shared();
+        named_barrier_sync(kBwdBarrierdS, Traits::kNumMmaThreads);
+        gemm_async<false>(mma_dv, thr_dv.partition_fragment_A(sPt)(_, _, _, 0), tdVrdO(_, _, _, stage), tdVrdV);
+        gemm_async<true>(mma_dq, tdQrdS(_, _, _, 0), tdQrK, tdQrdQ);
+        warpgroup_wait<1>();  // dV done: dO_i no longer read
+        pipe_do.consumer_release(state);
+        gemm_async<false>(mma_dk, thr_dk.partition_fragment_A(sdSt_desc)(_, _, _, 0), tdKrQ(_, _, _, stage), tdKrdK);
+      }
       warpgroup_wait<1>();  // dQ done
       warpgroup_fence_operand(tdQrdQ);
-      named_barrier_sync(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
-      copy(thr_r2s_dq.retile_S(tdQrdQ), tdQsdQ);
-      cutlass::arch::fence_view_async_shared();  // dQ stores -> visible to the bulk reduce
-      named_barrier_arrive(kBwdBarrierdQFull + wg, kBwdDqBarrierThreads);
+      if constexpr (Traits::kDqBulkReduce) {
+        named_barrier_sync(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
+        copy(thr_r2s_dq.retile_S(tdQrdQ), tdQsdQ);
+        cutlass::arch::fence_view_async_shared();  // dQ stores -> visible to the bulk reduce
+        named_barrier_arrive(kBwdBarrierdQFull + wg, kBwdDqBarrierThreads);
+      } else {
+        // Same order in global memory as the bulk reduce would give (the postprocess reads it so).
+        Tensor gdQ = make_tensor(make_gmem_ptr(p.ws.dq_accum + stat_tile(p, w, q_head, m_block) * kBlockM * kD),
+                                 typename Traits::SmemLayoutdQacc{});
+        Tensor src = recast<float4>(thr_r2s_dq.retile_S(tdQrdQ));
+        Tensor dst = recast<float4>(thr_r2s_dq.partition_D(gdQ));
+#pragma unroll
+        for (int i = 0; i < size(src); ++i) atomicAdd(&dst(i), src(i));
+      }
       warpgroup_wait<0>();  // dK done: Q_i no longer read
       warpgroup_fence_operand(tdKrdK);
       pipe_q.consumer_release(state);
