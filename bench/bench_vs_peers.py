@@ -2,7 +2,8 @@
 """flashattn vs its peers on the same inputs, in the same process.
 
 Peers: torch SDPA's cuDNN, FLASH (FlashAttention-2) and EFFICIENT backends, and FlexAttention
-(compiled). Ours: each compiled GPU path (flashattn-sm90, flashattn-sm80). The default sweep is
+(compiled). Ours: each compiled GPU path (flashattn-sm90, flashattn-sm80) and flashattn-sm90-det, the
+deterministic backward (sm90 where it has one for the head dim, else sm80). The default sweep is
 the FlashAttention-3 paper's: 16k total tokens, hidden 2048 (nheads = 2048 / hdim, batch =
 16384 / seqlen), hdim 64/128/256, seqlen 512..16k, causal and not, bf16; modes fwd and fwdbwd,
 plus bwd = fwdbwd - fwd. Timing: CUDA events, warm-up, median of >= 10 iterations (bounded per
@@ -46,9 +47,9 @@ try:
 except ImportError:  # a source checkout: python/ with FLASHATTN_LIBRARY or a build/ folder
     sys.path.insert(0, str(ROOT / "python"))
 
-ALL_IMPLS = ["flashattn-sm90", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
+ALL_IMPLS = ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
 # Within a row, peers and ours alternate going first (main() says why); flex runs in a pass of its own.
-RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm80", "flex"]
+RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "flex"]
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
@@ -132,7 +133,7 @@ def _sdpa(backend_name):
     return make
 
 
-def _flashattn(backend):
+def _flashattn(backend, deterministic=False):
     import flashattn
     from flashattn.interface import _flash_attn
 
@@ -149,7 +150,7 @@ def _flashattn(backend):
             return _flash_attn(q, k, v, causal=causal, backend=backend)
 
         def fwdbwd():
-            o = _flash_attn(q, k, v, causal=causal, backend=backend)
+            o = _flash_attn(q, k, v, causal=causal, deterministic=deterministic, backend=backend)
             return torch.autograd.grad(o, (q, k, v), dout)
 
         return fwd, fwdbwd
@@ -191,6 +192,8 @@ def make_impl(name):
         return _sdpa("EFFICIENT_ATTENTION")
     if name == "flex":
         return _flex()
+    if name == "flashattn-sm90-det":  # the deterministic backward as its own row
+        return _flashattn("sm90", deterministic=True)
     return _flashattn(name.split("-", 1)[1])
 
 
@@ -389,7 +392,7 @@ def main(argv=None):
 def print_table(args, configs, results):
     impls = [i for i in ALL_IMPLS if i in args.impls]
     ours = [i for i in impls if i.startswith("flashattn")]
-    short = {"flashattn-sm90": "sm90", "flashattn-sm80": "sm80", "efficient": "effic"}
+    short = {"flashattn-sm90": "sm90", "flashattn-sm90-det": "sm90det", "flashattn-sm80": "sm80", "efficient": "effic"}
     for mode in args.modes:
         print(f"\n== {mode} (TFLOP/s, bf16; ratio = ours / peer)")
         head = f"{'causal':>6} {'hdim':>4} {'seqlen':>6} " + " ".join(f"{short.get(i, i):>7}" for i in impls)
