@@ -6,8 +6,12 @@
 // Stored straight from registers with a row bound check instead: a varlen slice that runs past
 // its sequence (the TMA tensor is the packed one: it would clobber the next sequence's rows),
 // tiles with no keys (O = 0, LSE = -inf), and hdim 192/256, which have no smem for O
-// (tile_shapes.h says why).
+// (OStaging says why).
+// The epilogue owns O's staging: its smem layout and buffer (SharedStorage), its TMA
+// descriptor (Params) and the host function that builds it (to_params).
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>  // fence_view_async_shared
@@ -18,16 +22,72 @@
 
 namespace flashattn::sm90 {
 
+// O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
+// a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
+// Only where it fits beside Q and 2 stages of K and V (hdim <= 128 with 128-key blocks). At hdim 192/256 FA3
+// stages O in V's bytes; that measured 6-11% slower here than storing O from registers
+// (same-run A/B, docs/perf-notes.md v5), so those head dims store from registers.
+template <class Traits>
+struct OStaging {
+  static constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim, kNumMmaWG = Traits::kNumMmaWG;
+  using SmemLayoutO = decltype(cute::tile_to_shape(
+      typename Traits::SmemAtom{}, cute::Shape<cute::_64, cute::Int<kD>, cute::Int<kNumMmaWG>>{}));
+  // The same bytes as the (kBlockM, head dim) tile that the PV accumulator partitions.
+  using SmemLayoutOTile = decltype(cute::composition(
+      SmemLayoutO{},
+      cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kD>>{},
+                        cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kD>>, cute::_64>{})));
+  static constexpr int kBytesO = kBlockM * kD * int(sizeof(typename Traits::Element));
+  static constexpr bool kTmaStoreO =
+      Traits::kStagesQ * Traits::kBytesQ + 2 * Traits::kStages * Traits::kBytesKV + kBytesO <= Traits::kSmemLimit;
+};
+
+// O's TMA store, one consumer warpgroup's 64 x head-dim slice: the one place it is written;
+// Epilogue::Params' member type is what this returns.
+template <class Traits, class GmemTensor>
+auto make_tma_store_o(const GmemTensor& g) {
+  using namespace cute;
+  return make_tma_copy(SM90_TMA_STORE{}, g, take<0, 2>(typename OStaging<Traits>::SmemLayoutO{}),
+                       cute::Shape<_64, Int<Traits::kHeadDim>>{}, _1{});
+}
+
 template <class Traits>
 struct Epilogue {
   using Element = typename Traits::Element;
+  using Staging = OStaging<Traits>;
   static constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim;
+  static constexpr bool kTmaStoreO = Staging::kTmaStoreO;
+
+  // 1024-byte alignment: TMA and the swizzle assume phase 0 at the start of the buffer.
+  struct StagedStorage {
+    cute::array_aligned<Element, cute::cosize_v<typename Staging::SmemLayoutO>, 1024> smem_o;
+    __device__ Element* o() { return smem_o.data(); }
+  };
+  struct NoStorage {  // hdim 192/256: O goes from registers to global memory
+    __device__ Element* o() { return nullptr; }
+  };
+  using SharedStorage = std::conditional_t<kTmaStoreO, StagedStorage, NoStorage>;
+
+  using TmaO = decltype(make_tma_store_o<Traits>(std::declval<TmaGmemTensor<Element>>()));
+  struct Params {
+    TmaO tma_o;  // encoded only where kTmaStoreO
+    ShapeQKV shape_o;
+  };
+
+  static Params to_params(const FwdParams& f) {
+    const TmaExtents e = TmaExtents::of(f);
+    Params p{};
+    p.shape_o = ShapeQKV(e.rows_q, kD, f.shape.nheads_q, e.batch);
+    if constexpr (kTmaStoreO)  // hdim 192/256 store O from registers: no descriptor to encode
+      p.tma_o = make_tma_store_o<Traits>(
+          tma_gmem_tensor(static_cast<Element*>(f.o), e.rows_q, kD, f.shape.nheads_q, e.batch, f.o_stride));
+    return p;
+  }
 
   template <class TensorO, class Softmax>
-  __device__ static void store(const KernelParams<Traits>& kp, Element* smem_o, const TileCoord& t, const TileWork& w,
-                               TensorO& tOrO, Softmax& sm, int mma_tidx) {
+  __device__ static void store(const Params& ep, const FwdParams& p, SharedStorage& ss, const TileCoord& t,
+                               const TileWork& w, TensorO& tOrO, Softmax& sm, int mma_tidx) {
     using namespace cute;
-    const FwdParams& p = kp.fwd;
     constexpr int kRows = sizeof(sm.row) / sizeof(sm.row[0]);
     float inv[kRows], lse[kRows];
     sm.finalize(inv, lse);
@@ -46,11 +106,11 @@ struct Epilogue {
       }
     }
 
-    if constexpr (Traits::kTmaStoreO) {
+    if constexpr (kTmaStoreO) {
       const int wg = mma_tidx / 128;
       const bool varlen = p.cu_seqlens_q != nullptr;
       if (!w.empty() && (!varlen || row0 + wg * 64 + 64 <= w.seq.seqlen_q)) {
-        store_tma(kp, smem_o, t, w, tOrO, mma_tidx);
+        store_tma(ep, p, ss.o(), t, w, tOrO, mma_tidx);
         return;
       }
     }
@@ -64,7 +124,7 @@ struct Epilogue {
 
  private:
   template <class TensorO>
-  __device__ static void store_tma(const KernelParams<Traits>& kp, Element* smem_o, const TileCoord& t,
+  __device__ static void store_tma(const Params& ep, const FwdParams& p, Element* smem_o, const TileCoord& t,
                                    const TileWork& w, TensorO& tOrO, int mma_tidx) {
     using namespace cute;
     const int wg = mma_tidx / 128;
@@ -73,7 +133,7 @@ struct Epilogue {
     if (leader) tma_store_wait<0>();  // this warpgroup's previous store has read its slice
     named_barrier_sync(kBarrierEpilogueBase + wg, 128);
 
-    Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutOTile{});  // (kBlockM, d)
+    Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Staging::SmemLayoutOTile{});  // (kBlockM, d)
     auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
     auto thr = r2s.get_thread_slice(mma_tidx);
     Tensor tOrOe = make_tensor_like<Element>(tOrO);
@@ -82,13 +142,13 @@ struct Epilogue {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to TMA
     named_barrier_sync(kBarrierEpilogueBase + wg, 128);
     if (leader) {
-      const int b = kp.fwd.cu_seqlens_q != nullptr ? 0 : t.batch;
-      Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);
+      const int b = p.cu_seqlens_q != nullptr ? 0 : t.batch;
+      Tensor mO = ep.tma_o.get_tma_tensor(ep.shape_o);
       Tensor gO = local_tile(domain_offset(make_coord(int32_t(w.seq.q_offset), _0{}), mO(_, _, t.head, b)),
                              cute::Shape<_64, Int<kD>>{}, make_coord(t.m_block * Traits::kNumMmaWG + wg, _0{}));
-      Tensor sOwg = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, wg);
-      auto tO = tma_partition(kp.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
-      copy(kp.tma_o, get<1>(tO), get<0>(tO));
+      Tensor sOwg = make_tensor(make_smem_ptr(smem_o), typename Staging::SmemLayoutO{})(_, _, wg);
+      auto tO = tma_partition(ep.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+      copy(ep.tma_o, get<1>(tO), get<0>(tO));
       tma_store_arrive();
     }
   }

@@ -6,7 +6,11 @@
 //                 (S = QK^T, softmax, O += PV); the epilogue (O / l, LSE; O through smem
 //                 and a TMA store).
 //                 With intra-warpgroup overlap a tile is head, body, tail (mainloop.h).
-// This file only coordinates; each technique lives in its own header.
+// This file only composes and coordinates. Each stage owns its shared memory, its parameters
+// and the host function that builds them (to_params):
+//   mainloop  (producer.h + mainloop.h): Q, K, V buffers, their pipelines, the Q/K/V TMA loads;
+//   epilogue  (epilogue.h): O's staging buffer and its TMA store;
+//   scheduler (tile_scheduler.h): the tile order and the producer -> consumers tile queue.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -18,31 +22,30 @@
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
 #include "sm90/producer.h"
+#include "sm90/tile_scheduler.h"
 #include "sm90/tile_shapes.h"
 
 namespace flashattn::sm90 {
 
-// 1024-byte alignment: the 128B-swizzle atom repeats every 8 rows x 128 bytes, and both TMA
-// and the WGMMA descriptors assume swizzle phase 0 at the start of each buffer.
-template <class Traits, bool kStaged = Traits::kTmaStoreO>
-struct SmemO {  // O's staging buffer for the TMA store (epilogue.h)
-  cute::array_aligned<typename Traits::Element, cute::cosize_v<typename Traits::SmemLayoutO>, 1024> smem_o;
-  __device__ typename Traits::Element* o() { return smem_o.data(); }
-};
+// Passed as __grid_constant__, so the TMA descriptors stay in param space.
 template <class Traits>
-struct SmemO<Traits, false> {  // hdim 192/256: O goes from registers to global memory
-  __device__ typename Traits::Element* o() { return nullptr; }
+struct KernelParams {
+  typename Producer<Traits>::Params mainloop;  // Q/K/V TMA descriptors and shapes
+  typename Epilogue<Traits>::Params epilogue;  // O's TMA descriptor and shape
+  FwdParams fwd;                               // the problem: o, lse, strides, cu_seqlens, mask options
+  TileScheduler::Params scheduler;
+  int pingpong;                 // ablation switches, read once per CTA
+  int intra_warpgroup_overlap;
 };
 
+// The mainloop's barriers come after every 1024-aligned buffer (Q, K, V, O), so that they share
+// the last 1024 bytes with the scheduler's instead of padding a block of their own.
 template <class Traits>
 struct SharedStorage {
-  using Element = typename Traits::Element;
-  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> smem_q;
-  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> smem_k;
-  cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
-  SmemO<Traits> out;
-  typename Pipelines<Traits>::SharedStorage pipes;
-  TileQueue::SharedStorage tiles;
+  typename Producer<Traits>::TensorStorage mainloop;       // Q, K, V
+  typename Epilogue<Traits>::SharedStorage epilogue;       // O's staging (nothing at hdim 192/256)
+  typename Producer<Traits>::PipelineStorage pipelines;    // the mainloop's Q, K, V pipelines
+  TileScheduler::SharedStorage scheduler;                  // the tile queue
 };
 
 template <class Traits>
@@ -54,20 +57,17 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   SS& ss = *reinterpret_cast<SS*>(smem_raw);
   const int wg = int(threadIdx.x) / 128;
 
-  if (threadIdx.x == 0) {
-    prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-    prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
-    prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
-  }
-  auto pipe_q = P::template make<typename P::Q>(ss.pipes.q, Traits::kBytesQ);
-  auto pipe_k = P::template make<typename P::KV>(ss.pipes.k, Traits::kBytesKV);
-  auto pipe_v = P::template make<typename P::KV>(ss.pipes.v, Traits::kBytesKV);
-  TileQueue::init(ss.tiles, Traits::kNumMmaThreads);
+  if (threadIdx.x == 0) Producer<Traits>::prefetch_descriptors(p.mainloop);
+  auto pipe_q = P::template make<typename P::Q>(ss.pipelines.q, Traits::kBytesQ);
+  auto pipe_k = P::template make<typename P::KV>(ss.pipelines.k, Traits::kBytesKV);
+  auto pipe_v = P::template make<typename P::KV>(ss.pipelines.v, Traits::kBytesKV);
+  TileQueue::init(ss.scheduler, Traits::kNumMmaThreads);
   __syncthreads();  // barriers initialized before anyone waits on them
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0) Producer<Traits, SS>::run(p, ss, pipe_q, pipe_k, pipe_v);
+    if (threadIdx.x == 0)
+      Producer<Traits>::run(p.mainloop, p.fwd, p.scheduler, ss.scheduler, ss.mainloop, pipe_q, pipe_k, pipe_v);
     return;
   }
 
@@ -75,14 +75,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   const int mma_tidx = int(threadIdx.x) - 128;
   const PingpongScheduler<Traits::kNumMmaWG> ping{uint32_t(wg - 1), p.pingpong != 0};
   ping.init();
-  using ML = Mainloop<Traits, SS>;
+  using ML = Mainloop<Traits>;
+  using Epi = Epilogue<Traits>;
   ML mainloop;  // carries the pipeline read state across tiles
   const typename ML::Pipes pipes{pipe_q, pipe_k, pipe_v};
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
   const bool overlap = p.intra_warpgroup_overlap != 0;
   const bool dynamic = p.scheduler.counter != nullptr;
-  for (int k = 0, tile; (tile = dynamic ? TileQueue::pop(ss.tiles, k) : p.scheduler.static_tile(k)) <
+  for (int k = 0, tile; (tile = dynamic ? TileQueue::pop(ss.scheduler, k) : p.scheduler.static_tile(k)) <
                         p.scheduler.num_tiles;
        ++k) {
     const TileCoord t = p.scheduler.coord(tile);
@@ -93,15 +94,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
     typename ML::Softmax sm;
     sm.init(tf);
     if (!w.empty() && overlap) {
-      mainloop.head(ss, pipes, w, t.m_block, sm, ping, mma_tidx);
-      mainloop.body(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-      mainloop.tail(ss, pipes, tOrO, mma_tidx);
+      mainloop.head(ss.mainloop, pipes, w, t.m_block, sm, ping, mma_tidx);
+      mainloop.body(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
+      mainloop.tail(ss.mainloop, pipes, tOrO, mma_tidx);
     } else if (!w.empty()) {  // ablation: the plain schedule
-      mainloop.run_plain(ss, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
+      mainloop.run_plain(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
     }
-    Epilogue<Traits>::store(p, ss.out.o(), t, w, tOrO, sm, mma_tidx);
+    Epi::store(p.epilogue, p.fwd, ss.epilogue, t, w, tOrO, sm, mma_tidx);
   }
-  Epilogue<Traits>::finish(mma_tidx);
+  Epi::finish(mma_tidx);
 }
 
 }  // namespace flashattn::sm90

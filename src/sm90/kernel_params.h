@@ -1,5 +1,9 @@
-// Kernel parameters (passed as __grid_constant__ so the TMA descriptors stay in param space)
-// and the per-tile problem that the producer and the consumers derive identically.
+// What the stages of the forward share (the backward reuses the first part):
+//   - global tensors as TMA sees them: (rows, head dim, head, batch), and how the host builds
+//     such a view from a FwdParams tensor (each stage's to_params() encodes its own TMA
+//     descriptors from it: producer.h for Q/K/V, epilogue.h for O);
+//   - the per-tile problem (TileWork) that the producer and the consumers derive identically.
+// The kernel's parameter block itself is composed in kernel.h from the stages' Params.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -20,38 +24,27 @@ using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 // dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
 inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
 
-template <class Traits>
-struct TmaTypes {
-  using Element = typename Traits::Element;
-  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)),
-                                                ShapeQKV{}, StrideQKV{}));
-  using Q = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutQ{}),
-      cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
-  using KV = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{}, GmemTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutK{}),
-      cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
-  using OutTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{},
-                                               StrideQKV{}));
-  // One consumer warpgroup's 64 x head-dim slice of O.
-  using O = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_STORE{}, OutTensor{}, cute::take<0, 2>(typename Traits::SmemLayoutO{}),
-      cute::Shape<cute::_64, cute::Int<Traits::kHeadDim>>{}, cute::_1{}));
+// The extents TMA sees for a forward problem (varlen: the packed rows, one batch).
+struct TmaExtents {
+  int rows_q, rows_k, batch;
+  static TmaExtents of(const FwdParams& f) {
+    const bool varlen = f.cu_seqlens_q != nullptr;
+    return {varlen ? f.shape.total_q : f.shape.seqlen_q, varlen ? f.shape.total_k : f.shape.seqlen_k,
+            varlen ? 1 : f.shape.batch};
+  }
 };
 
-template <class Traits>
-struct KernelParams {
-  typename TmaTypes<Traits>::Q tma_q;
-  typename TmaTypes<Traits>::KV tma_k;
-  typename TmaTypes<Traits>::KV tma_v;
-  typename TmaTypes<Traits>::O tma_o;
-  ShapeQKV shape_q;  // also O's
-  ShapeQKV shape_k;
-  FwdParams fwd;  // o, lse, strides, cu_seqlens, mask options
-  TileScheduler scheduler;
-  int pingpong;                 // ablation switches, read once per CTA
-  int intra_warpgroup_overlap;
-};
+// Host: a (rows, d, heads, batch) view of a [b, s, h, d] tensor for make_tma_copy. Element is
+// const for the loads (Q, K, V) and not for the store (O).
+template <class Element>
+auto tma_gmem_tensor(Element* ptr, int rows, int d, int heads, int batch, const RowStrides& st) {
+  using namespace cute;
+  ShapeQKV shape(rows, d, heads, batch);
+  StrideQKV stride(tma_stride(rows, st.row), _1{}, tma_stride(heads, st.head), tma_stride(batch, st.batch));
+  return make_tensor(make_gmem_ptr(ptr), make_layout(shape, stride));
+}
+template <class Element>
+using TmaGmemTensor = decltype(tma_gmem_tensor(static_cast<Element*>(nullptr), 0, 0, 0, 0, RowStrides{}));
 
 // One tile's problem: where the sequence lives, its mask and the key blocks to visit.
 struct TileWork {

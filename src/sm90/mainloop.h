@@ -16,33 +16,14 @@
 #include <cute/tensor.hpp>
 
 #include "common/mask.h"
+#include "sm90/gemm.h"
 #include "sm90/kernel_params.h"
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
+#include "sm90/producer.h"
 #include "sm90/softmax.h"
 
 namespace flashattn::sm90 {
-
-// Issue one warpgroup GEMM (all K slices) as one async batch; the caller waits with
-// warpgroup_wait<N>. Operand fences keep the compiler from moving register accesses of the
-// accumulator (and of P for the RS GEMM) across the asynchronous region.
-template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void gemm_async(TiledMma& mma, TA const& a, TB const& b, TC& c) {
-  using namespace cute;
-  constexpr bool kRS = !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-#pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
-  if constexpr (kRS) warpgroup_fence_operand(const_cast<TA&>(a));
-}
 
 // -inf outside [key_begin(i), key_end(i)); key_end <= seqlen_k, so keys past the end (TMA
 // zero-filled, or the next varlen sequence) are masked too.
@@ -60,9 +41,10 @@ __device__ __forceinline__ void apply_mask(TensorS& s, const TensorC& c, const M
   }
 }
 
-template <class Traits, class SharedStorage>
+template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
+  using SharedStorage = typename Producer<Traits>::TensorStorage;  // Q, K, V, filled by the producer
   using P = Pipelines<Traits>;
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;

@@ -1,5 +1,8 @@
-// The producer: one thread of warpgroup 0 issues every TMA load (Q_i, K_j, V_j) of every tile
-// this CTA computes, running ahead of the consumers by up to kStages key blocks.
+// The producer side of the mainloop collective: the Q, K, V buffers in shared memory, their
+// pipelines' barriers, the TMA descriptors that fill them (Params, built on the host by
+// to_params), and the one thread of warpgroup 0 that issues every TMA load (Q_i, K_j, V_j) of
+// every tile this CTA computes, running ahead of the consumers (mainloop.h) by up to kStages
+// key blocks.
 // Load order per tile, matching the consumers' order with intra-warpgroup overlap
 // (S_{j+1} = Q K_{j+1}^T is issued before O += P_j V_j):  Q and K_last, then (K_{j-1}, V_j)
 // pairs walking down, then V_first. With one Q buffer, K_last goes first (the consumers still
@@ -9,56 +12,122 @@
 // waits on a load queued behind its own need.
 #pragma once
 
+#include <type_traits>
+#include <utility>
+
 #include <cute/tensor.hpp>
 
 #include "sm90/kernel_params.h"
 #include "sm90/pipeline.h"
+#include "sm90/tile_scheduler.h"
 
 namespace flashattn::sm90 {
 
-template <class Traits, class SharedStorage>
+// The Q and K/V TMA loads: the one place they are written. Producer::Params' member types are
+// what these return, so the descriptor types and their construction cannot drift apart.
+// (Free functions: a deduced return type cannot be used inside the class that defines it.)
+template <class Traits, class GmemTensor>
+auto make_tma_load_q(const GmemTensor& g) {
+  using namespace cute;
+  return make_tma_copy(SM90_TMA_LOAD{}, g, take<0, 2>(typename Traits::SmemLayoutQ{}),
+                       cute::Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+}
+template <class Traits, class GmemTensor>
+auto make_tma_load_kv(const GmemTensor& g) {  // V's smem layout is K's (tile_shapes.h)
+  using namespace cute;
+  static_assert(std::is_same_v<typename Traits::SmemLayoutK, typename Traits::SmemLayoutV>);
+  return make_tma_copy(SM90_TMA_LOAD{}, g, take<0, 2>(typename Traits::SmemLayoutK{}),
+                       cute::Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+}
+
+template <class Traits>
 struct Producer {
+  using Element = typename Traits::Element;
   using P = Pipelines<Traits>;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
 
-  __device__ static void run(const KernelParams<Traits>& p, SharedStorage& ss, typename P::Q& pipe_q,
+  // 1024-byte alignment: the 128B-swizzle atom repeats every 8 rows x 128 bytes, and both TMA
+  // and the WGMMA descriptors assume swizzle phase 0 at the start of each buffer.
+  struct TensorStorage {
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> smem_q;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> smem_k;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
+  };
+  // The full/empty barriers of the Q, K and V pipelines (pipeline.h). Kept apart from the
+  // tensors so that the kernel can place them after every 1024-aligned buffer (kernel.h).
+  using PipelineStorage = typename P::SharedStorage;
+
+  using TmaQ = decltype(make_tma_load_q<Traits>(std::declval<TmaGmemTensor<Element const>>()));
+  using TmaKV = decltype(make_tma_load_kv<Traits>(std::declval<TmaGmemTensor<Element const>>()));
+  struct Params {
+    TmaQ tma_q;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    ShapeQKV shape_q;
+    ShapeQKV shape_k;
+  };
+
+  static Params to_params(const FwdParams& f) {
+    const flashattn::Shape& s = f.shape;
+    const TmaExtents e = TmaExtents::of(f);
+    auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
+      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, kD, heads, e.batch, st);
+    };
+    return Params{make_tma_load_q<Traits>(gmem(f.q, e.rows_q, s.nheads_q, f.q_stride)),
+                  make_tma_load_kv<Traits>(gmem(f.k, e.rows_k, s.nheads_kv, f.k_stride)),
+                  make_tma_load_kv<Traits>(gmem(f.v, e.rows_k, s.nheads_kv, f.v_stride)),
+                  ShapeQKV(e.rows_q, kD, s.nheads_q, e.batch), ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch)};
+  }
+
+  // One thread, before the first load.
+  __device__ static void prefetch_descriptors(const Params& p) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+  // The one producer thread: every load of every tile of this CTA.
+  __device__ static void run(const Params& p, const FwdParams& fwd, const TileScheduler::Params& sched,
+                             TileScheduler::SharedStorage& tiles, TensorStorage& ts, typename P::Q& pipe_q,
                              typename P::KV& pipe_k, typename P::KV& pipe_v) {
     // Two copies of the loop: the atomic of the dynamic schedule costs the 24-register producer
     // ~230 bytes of spills, which the static (unmasked) schedule should not pay.
-    if (p.scheduler.counter != nullptr) {
-      loop<true>(p, ss, pipe_q, pipe_k, pipe_v);
+    if (sched.counter != nullptr) {
+      loop<true>(p, fwd, sched, tiles, ts, pipe_q, pipe_k, pipe_v);
     } else {
-      loop<false>(p, ss, pipe_q, pipe_k, pipe_v);
+      loop<false>(p, fwd, sched, tiles, ts, pipe_q, pipe_k, pipe_v);
     }
   }
 
+ private:
   template <bool kDynamic>
-  __device__ static void loop(const KernelParams<Traits>& p, SharedStorage& ss, typename P::Q& pipe_q,
+  __device__ static void loop(const Params& p, const FwdParams& fwd, const TileScheduler::Params& sched,
+                              TileScheduler::SharedStorage& tiles, TensorStorage& ts, typename P::Q& pipe_q,
                               typename P::KV& pipe_k, typename P::KV& pipe_v) {
     using namespace cute;
     using Hint = TMA::CacheHintSm90;
     auto q_state = cutlass::make_producer_start_state<typename P::Q>();
     auto kv_state = cutlass::make_producer_start_state<typename P::KV>();
 
-    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+    Tensor sQ = make_tensor(make_smem_ptr(ts.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ts.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ts.smem_v.data()), typename Traits::SmemLayoutV{});
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-    const bool varlen = p.fwd.cu_seqlens_q != nullptr;
+    const bool varlen = fwd.cu_seqlens_q != nullptr;
 
     // Dynamic: the next tile is picked once this one's loads are issued (they can stall on a
     // full stage, so the pick happens near the end of the consumers' current tile) and handed
     // to the consumers. Static: the consumers know the sequence themselves.
     int k = 0;
-    for (int tile = p.scheduler.first(); tile < p.scheduler.num_tiles; tile = p.scheduler.next<kDynamic>(tile), ++k) {
-      if constexpr (kDynamic) TileQueue::push(ss.tiles, k, tile);
-      const TileCoord t = p.scheduler.coord(tile);
-      const TileWork w = make_tile_work<Traits>(p.fwd, t);
+    for (int tile = sched.first(); tile < sched.num_tiles; tile = sched.next<kDynamic>(tile), ++k) {
+      if constexpr (kDynamic) TileQueue::push(tiles, k, tile);
+      const TileCoord t = sched.coord(tile);
+      const TileWork w = make_tile_work<Traits>(fwd, t);
       if (w.empty()) continue;  // the consumers write zeros / -inf without loads
       const int b = varlen ? 0 : t.batch;
-      const int kv_head = p.fwd.shape.kv_head(t.head);
+      const int kv_head = fwd.shape.kv_head(t.head);
       // Varlen: the sequence starts at row q_offset/k_offset of the packed tensor; rows of the
       // next sequence that a partial tile reads are masked (keys) or never written (queries).
       Tensor gQ = local_tile(domain_offset(make_coord(int32_t(w.seq.q_offset), _0{}), mQ(_, _, t.head, b)),
@@ -106,7 +175,7 @@ struct Producer {
       load_v(w.n_begin, kv_state);
       ++kv_state;
     }
-    if constexpr (kDynamic) TileQueue::push(ss.tiles, k, p.scheduler.num_tiles);  // tells the consumers to stop
+    if constexpr (kDynamic) TileQueue::push(tiles, k, sched.num_tiles);  // tells the consumers to stop
   }
 };
 

@@ -80,21 +80,7 @@ struct Traits {
       SmemLayoutV{},
       cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
-
-  // O staging for the TMA store: one 64-row slice per consumer warpgroup, each contiguous, so
-  // a warpgroup stores its rows as soon as they are ready (the warpgroups finish apart).
-  // Only where it fits beside Q and 2 stages of K and V (hdim <= 128 with 128-key blocks). At hdim 192/256 FA3
-  // stages O in V's bytes; that measured 6-11% slower here than storing O from registers
-  // (same-run A/B, docs/perf-notes.md v5), so those head dims store from registers.
-  using SmemLayoutO = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kNumMmaWG>>{}));
-  // The same bytes as the (kBlockM, head dim) tile that the PV accumulator partitions.
-  using SmemLayoutOTile = decltype(cute::composition(
-      SmemLayoutO{},
-      cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kHeadDim>>{},
-                        cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kHeadDim>>, cute::_64>{})));
-  static constexpr int kBytesO = kBlockM * kHeadDim * int(sizeof(Element));
-  static constexpr bool kTmaStoreO = kStagesQ * kBytesQ + 2 * kStages * kBytesKV + kBytesO <= kSmemLimit;
+  // O has no layout here: the epilogue owns its staging (epilogue.h, OStaging).
 };
 
 }  // namespace flashattn::sm90
