@@ -61,13 +61,13 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   auto pipe_q = P::template make<typename P::Q>(ss.pipelines.q, Traits::kBytesQ);
   auto pipe_k = P::template make<typename P::KV>(ss.pipelines.k, Traits::kBytesKV);
   auto pipe_v = P::template make<typename P::KV>(ss.pipelines.v, Traits::kBytesKV);
-  TileQueue::init(ss.scheduler, Traits::kNumMmaThreads);
+  TileScheduler::init(ss.scheduler, Traits::kNumMmaThreads);
   __syncthreads();  // barriers initialized before anyone waits on them
+  const TileScheduler sched(p.scheduler, ss.scheduler);
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0)
-      Producer<Traits>::run(p.mainloop, p.fwd, p.scheduler, ss.scheduler, ss.mainloop, pipe_q, pipe_k, pipe_v);
+    if (threadIdx.x == 0) Producer<Traits>::run(p.mainloop, p.fwd, sched, ss.mainloop, pipe_q, pipe_k, pipe_v);
     return;
   }
 
@@ -82,11 +82,8 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
   const bool overlap = p.intra_warpgroup_overlap != 0;
-  const bool dynamic = p.scheduler.counter != nullptr;
-  for (int k = 0, tile; (tile = dynamic ? TileQueue::pop(ss.scheduler, k) : p.scheduler.static_tile(k)) <
-                        p.scheduler.num_tiles;
-       ++k) {
-    const TileCoord t = p.scheduler.coord(tile);
+  for (auto work = sched.get_initial_work<false>(); sched.is_valid(work); work = sched.get_next_work<false>(work)) {
+    const TileCoord t = sched.coord(work);
     const TileWork w = make_tile_work<Traits>(p.fwd, t);
     if (!w.has_rows) continue;
     typename ML::AccO tOrO;

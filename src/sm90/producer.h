@@ -87,23 +87,16 @@ struct Producer {
   }
 
   // The one producer thread: every load of every tile of this CTA.
-  __device__ static void run(const Params& p, const FwdParams& fwd, const TileScheduler::Params& sched,
-                             TileScheduler::SharedStorage& tiles, TensorStorage& ts, typename P::Q& pipe_q,
-                             typename P::KV& pipe_k, typename P::KV& pipe_v) {
-    // Two copies of the loop: the atomic of the dynamic schedule costs the 24-register producer
-    // ~230 bytes of spills, which the static (unmasked) schedule should not pay.
-    if (sched.counter != nullptr) {
-      loop<true>(p, fwd, sched, tiles, ts, pipe_q, pipe_k, pipe_v);
-    } else {
-      loop<false>(p, fwd, sched, tiles, ts, pipe_q, pipe_k, pipe_v);
-    }
+  __device__ static void run(const Params& p, const FwdParams& fwd, const TileScheduler& sched, TensorStorage& ts,
+                             typename P::Q& pipe_q, typename P::KV& pipe_k, typename P::KV& pipe_v) {
+    // Two copies of the loop, one per scheduling rule (tile_scheduler.h says why).
+    sched.dispatch_rule([&](auto rule) { loop<decltype(rule)::value>(p, fwd, sched, ts, pipe_q, pipe_k, pipe_v); });
   }
 
  private:
-  template <bool kDynamic>
-  __device__ static void loop(const Params& p, const FwdParams& fwd, const TileScheduler::Params& sched,
-                              TileScheduler::SharedStorage& tiles, TensorStorage& ts, typename P::Q& pipe_q,
-                              typename P::KV& pipe_k, typename P::KV& pipe_v) {
+  template <TileScheduler::Rule kRule>
+  __device__ static void loop(const Params& p, const FwdParams& fwd, const TileScheduler& sched, TensorStorage& ts,
+                              typename P::Q& pipe_q, typename P::KV& pipe_k, typename P::KV& pipe_v) {
     using namespace cute;
     using Hint = TMA::CacheHintSm90;
     auto q_state = cutlass::make_producer_start_state<typename P::Q>();
@@ -117,13 +110,12 @@ struct Producer {
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
     const bool varlen = fwd.cu_seqlens_q != nullptr;
 
-    // Dynamic: the next tile is picked once this one's loads are issued (they can stall on a
-    // full stage, so the pick happens near the end of the consumers' current tile) and handed
-    // to the consumers. Static: the consumers know the sequence themselves.
-    int k = 0;
-    for (int tile = sched.first(); tile < sched.num_tiles; tile = sched.next<kDynamic>(tile), ++k) {
-      if constexpr (kDynamic) TileQueue::push(tiles, k, tile);
-      const TileCoord t = sched.coord(tile);
+    // Dynamic rule: the next tile is picked (and handed to the consumers) once this one's
+    // loads are issued; they can stall on a full stage, so the pick happens near the end of
+    // the consumers' current tile.
+    for (auto work = sched.get_initial_work<true, kRule>(); sched.is_valid(work);
+         work = sched.get_next_work<true, kRule>(work)) {
+      const TileCoord t = sched.coord(work);
       const TileWork w = make_tile_work<Traits>(fwd, t);
       if (w.empty()) continue;  // the consumers write zeros / -inf without loads
       const int b = varlen ? 0 : t.batch;
@@ -175,7 +167,6 @@ struct Producer {
       load_v(w.n_begin, kv_state);
       ++kv_state;
     }
-    if constexpr (kDynamic) TileQueue::push(tiles, k, sched.num_tiles);  // tells the consumers to stop
   }
 };
 

@@ -8,9 +8,11 @@
 //           next tile's loads overlapping the current tile's last GEMMs and epilogue.
 //   Long masked problems launch one CTA per tile instead (the static rule with a grid of
 //   num_tiles), which measured slightly faster there (kDynamicMaxSeqlenK says why).
-// Dynamic: the producer passes each index to the consumers through TileQueue (a 2-slot smem
-// ring on mbarriers); an index >= num_tiles tells everyone to stop. Static: the consumers walk
-// the same sequence themselves.
+// Both sides walk the sequence through one interface (FA3's): get_initial_work() (tile
+// blockIdx.x, known to all), then get_next_work() once per tile, is_valid(), coord(); neither
+// sees which rule runs. Dynamic: the producer hands each next index to the consumers through
+// TileQueue (a 2-slot smem ring on mbarriers); an index >= num_tiles tells everyone to stop.
+// Static: the consumers compute the same sequence themselves.
 // The scheduler owns its host side too: Params (to_params), grid_shape, workspace_bytes.
 // Order: the query block varies fastest, then the head, then the batch, so the CTAs running
 // at the same time share one head's K/V (and GQA groups' adjacent heads share it too) in L2.
@@ -37,9 +39,10 @@ struct TileCoord {
 };
 
 // Producer -> consumers hand-off of tile indices: a 2-slot smem ring with a full/empty
-// mbarrier pair per slot. The k-th push and the k-th pop use slot k % 2 and wait for the
-// barrier completion of parity (k / 2) % 2 (the empty one a lap behind). Stateless apart from
-// k (the producer's spills come from the dynamic rule's atomic, not from here).
+// mbarrier pair per slot. The k-th push and the k-th pop (k counts from 0: the CTA's second
+// tile) use slot k % 2 and wait for the barrier completion of parity (k / 2) % 2 (the empty
+// one a lap behind). Stateless apart from k (the producer's spills come from the dynamic
+// rule's atomic, not from here).
 struct TileQueue {
   static constexpr int kSlots = 2;
   using Bar = cutlass::arch::ClusterBarrier;
@@ -94,27 +97,20 @@ class TileScheduler {
     int reverse_m;  // longest-first for causal/local
     int* counter;   // dynamic rule: tiles taken past the first wave, zeroed before the launch; null = static
     int one_cta_per_tile;  // host only (grid_shape): long masked problems
-
-    __device__ TileCoord coord(int tile) const {
-      TileCoord c;
-      c.m_block = tile % num_m_blocks;
-      int rest = tile / num_m_blocks;
-      c.head = rest % num_heads;
-      c.batch = rest / num_heads;
-      if (reverse_m) c.m_block = num_m_blocks - 1 - c.m_block;
-      return c;
-    }
-    __device__ int first() const { return int(blockIdx.x); }
-    // The k-th tile of this CTA under the static rule (the consumers' side of it).
-    __device__ int static_tile(int k) const { return int(blockIdx.x) + k * int(gridDim.x); }
-    // Producer thread only; kDynamic == (counter != nullptr).
-    template <bool kDynamic>
-    __device__ int next(int tile) const {
-      if constexpr (kDynamic) return int(gridDim.x) + atomicAdd(counter, 1);
-      return tile + int(gridDim.x);
-    }
   };
   using SharedStorage = TileQueue::SharedStorage;
+
+  // A CTA's k-th tile; tile >= num_tiles: no more work.
+  struct WorkTile {
+    int tile;
+    int k;
+  };
+
+  // How a call site picks the rule: kRuntime reads Params (one copy of the caller's loop: the
+  // consumers), kStatic / kDynamic fix it at compile time: the producer thread compiles its loop
+  // once per rule (dispatch_rule), because the dynamic rule's atomic costs the 24-register
+  // producer ~230 bytes of spills, which the static rule should not pay.
+  enum class Rule { kRuntime, kStatic, kDynamic };
 
   // ---- host ------------------------------------------------------------------------------
   static bool dynamic_rule(const FwdParams& f) { return masked_problem(f) && f.shape.seqlen_k <= kDynamicMaxSeqlenK; }
@@ -147,6 +143,66 @@ class TileScheduler {
   static cudaError_t initialize_workspace(const Params& p, cudaStream_t stream) {
     return p.counter != nullptr ? cudaMemsetAsync(p.counter, 0, sizeof(int), stream) : cudaSuccess;
   }
+
+  // ---- device ----------------------------------------------------------------------------
+  // Every thread; a __syncthreads must follow before the first get_*_work.
+  static __device__ void init(SharedStorage& s, int num_consumer_threads) { TileQueue::init(s, num_consumer_threads); }
+
+  __device__ TileScheduler(const Params& p, SharedStorage& s) : p_(p), s_(s), dynamic_(p.counter != nullptr) {}
+
+  // The producer thread only: runs f(rule) with the rule as a compile-time constant, so the
+  // caller's loop is compiled once per rule.
+  template <class F>
+  __device__ void dispatch_rule(F&& f) const {
+    if (dynamic_) {
+      f(cute::integral_constant<Rule, Rule::kDynamic>{});
+    } else {
+      f(cute::integral_constant<Rule, Rule::kStatic>{});
+    }
+  }
+
+  // Every CTA starts with tile blockIdx.x: known to all, nothing to hand over.
+  template <bool kIsProducer, Rule kRule = Rule::kRuntime>
+  __device__ WorkTile get_initial_work() const {
+    return {int(blockIdx.x), 0};
+  }
+  // kIsProducer: the one producer thread picks the next tile (dynamic rule: and hands it to the
+  // consumers); otherwise a consumer thread follows. Both sides call it once per tile, in order;
+  // under the dynamic rule the producer's last call hands over the stop (a tile past the end).
+  template <bool kIsProducer, Rule kRule = Rule::kRuntime>
+  __device__ WorkTile get_next_work(const WorkTile& cur) const {
+    const int k = cur.k + 1;
+    if (!is_dynamic<kRule>()) return {kIsProducer ? cur.tile + int(gridDim.x) : int(blockIdx.x) + k * int(gridDim.x), k};
+    if constexpr (kIsProducer) {
+      const int tile = int(gridDim.x) + atomicAdd(p_.counter, 1);
+      TileQueue::push(s_, k - 1, tile);
+      return {tile, k};
+    } else {
+      return {TileQueue::pop(s_, k - 1), k};
+    }
+  }
+
+  __device__ bool is_valid(const WorkTile& w) const { return w.tile < p_.num_tiles; }
+
+  __device__ TileCoord coord(const WorkTile& w) const {
+    TileCoord c;
+    c.m_block = w.tile % p_.num_m_blocks;
+    int rest = w.tile / p_.num_m_blocks;
+    c.head = rest % p_.num_heads;
+    c.batch = rest / p_.num_heads;
+    if (p_.reverse_m) c.m_block = p_.num_m_blocks - 1 - c.m_block;
+    return c;
+  }
+
+ private:
+  template <Rule kRule>
+  __device__ bool is_dynamic() const {
+    if constexpr (kRule == Rule::kRuntime) return dynamic_;
+    return kRule == Rule::kDynamic;
+  }
+  const Params& p_;
+  SharedStorage& s_;
+  bool dynamic_;
 };
 
 }  // namespace flashattn::sm90
