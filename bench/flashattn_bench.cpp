@@ -12,7 +12,8 @@
 // batch = 16384/seqlen), hdim 64/128/256, seqlen 512..16k, causal and not.
 // sm90 forward ablation (FA3 paper, Table 2): --no-pingpong / --no-overlap turn off the
 // pingpong schedule between consumer warpgroups / the intra-warpgroup softmax-GEMM overlap;
-// --ablation times all four combinations per shape (impl names say which is off).
+// --ablation times all four combinations per shape (impl names say which is off). The kernels
+// with one off exist only in a library configured with -DFLASHATTN_SM90_ABLATION=ON.
 // Without CUDA (or with --backend cpu) it times the CPU path on a couple of small shapes and
 // checks it against the reference path (the "CPU demo").
 #include <algorithm>

@@ -13,8 +13,11 @@ extern "C" {
 /* Ablation switches of the sm90 (Hopper) forward kernel, process-global, read at each launch.
  * pingpong: order the GEMMs of the consumer warpgroups so one's softmax overlaps the other's
  * GEMMs. intra_warpgroup_overlap: issue the next block's Q K^T before the current softmax and
- * its P V after. 1 = on (default), 0 = off. Returns FLASHATTN_ERROR_NOT_SUPPORTED when the
- * build has no sm90 path, FLASHATTN_ERROR_INVALID_ARGUMENT for values other than 0 and 1. */
+ * its P V after. 1 = on (default), 0 = off. Each combination is a kernel of its own; those
+ * with one off are compiled only when the library is configured with
+ * -DFLASHATTN_SM90_ABLATION=ON. Returns FLASHATTN_ERROR_NOT_SUPPORTED when the build has no
+ * sm90 path or, for anything but (1, 1), no ablation kernels;
+ * FLASHATTN_ERROR_INVALID_ARGUMENT for values other than 0 and 1. */
 FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpong, int intra_warpgroup_overlap);
 
 /* Caps the shared memory per block that the sm80 (portable) path assumes it may use, in bytes;

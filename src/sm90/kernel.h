@@ -6,6 +6,8 @@
 //                 (S = QK^T, softmax, O += PV); the epilogue (O / l, LSE; O through smem
 //                 and a TMA store).
 //                 With intra-warpgroup overlap a tile is head, body, tail (mainloop.h).
+// Sched (mainloop.h Schedule) fixes pingpong and intra-warpgroup overlap at compile time: the
+// production kernel has both; only the ablation builds instantiate the others.
 // This file only composes and coordinates. Each stage owns its shared memory, its parameters
 // and the host function that builds them (to_params):
 //   mainloop  (producer.h + mainloop.h): Q, K, V buffers, their pipelines, the Q/K/V TMA loads;
@@ -34,8 +36,6 @@ struct KernelParams {
   typename Epilogue<Traits>::Params epilogue;  // O's TMA descriptor and shape
   FwdParams fwd;                               // the problem: o, lse, strides, cu_seqlens, mask options
   TileScheduler::Params scheduler;
-  int pingpong;                 // ablation switches, read once per CTA
-  int intra_warpgroup_overlap;
 };
 
 // The mainloop's barriers come after every 1024-aligned buffer (Q, K, V, O), so that they share
@@ -48,7 +48,7 @@ struct SharedStorage {
   TileScheduler::SharedStorage scheduler;                  // the tile queue
 };
 
-template <class Traits>
+template <class Traits, class Sched = Schedule<>>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> p) {
   using namespace cute;
   using SS = SharedStorage<Traits>;
@@ -73,15 +73,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
 
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
   const int mma_tidx = int(threadIdx.x) - 128;
-  const PingpongScheduler<Traits::kNumMmaWG> ping{uint32_t(wg - 1), p.pingpong != 0};
+  using ML = Mainloop<Traits, Sched>;
+  const typename ML::Pingpong ping{uint32_t(wg - 1)};
   ping.init();
-  using ML = Mainloop<Traits>;
   using Epi = Epilogue<Traits>;
   ML mainloop;  // carries the pipeline read state across tiles
   const typename ML::Pipes pipes{pipe_q, pipe_k, pipe_v};
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
-  const bool overlap = p.intra_warpgroup_overlap != 0;
   for (auto work = sched.get_initial_work<false>(); sched.is_valid(work); work = sched.get_next_work<false>(work)) {
     const TileCoord t = sched.coord(work);
     const TileWork w = make_tile_work<Traits>(p.fwd, t);
@@ -90,13 +89,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
     clear(tOrO);
     typename ML::Softmax sm;
     sm.init(tf);
-    if (!w.empty() && overlap) {
-      mainloop.head(ss.mainloop, pipes, w, t.m_block, sm, ping, mma_tidx);
-      mainloop.body(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-      mainloop.tail(ss.mainloop, pipes, tOrO, mma_tidx);
-    } else if (!w.empty()) {  // ablation: the plain schedule
-      mainloop.run_plain(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-    }
+    if (!w.empty()) mainloop.run(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
     Epi::store(p.epilogue, p.fwd, ss.epilogue, t, w, tOrO, sm, mma_tidx);
   }
   Epi::finish(mma_tidx);

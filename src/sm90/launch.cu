@@ -15,14 +15,26 @@ namespace flashattn {
 namespace sm90 {
 namespace {
 
+#if defined(FLASHATTN_SM90_ABLATION)
+// The schedule of the next launches (flashattn_sm90_set_ablation); 1, 1 = the production one.
 std::atomic<int> g_pingpong{1};
 std::atomic<int> g_overlap{1};
+#endif
 
+#define FA_SM90_EXTERN(D, S)                                                                               \
+  extern template flashattn_status launch_fwd<D, cutlass::half_t, S>(const FwdParams&, cudaStream_t,       \
+                                                                     const LaunchOptions&);               \
+  extern template flashattn_status launch_fwd<D, cutlass::bfloat16_t, S>(const FwdParams&, cudaStream_t,   \
+                                                                         const LaunchOptions&);
+#if defined(FLASHATTN_SM90_ABLATION)  // generated fwd_hdim<D>_<dtype>_<schedule>.cu files
 #define FA_SM90_FOR_EACH_DTYPE(D)                                                                          \
-  extern template flashattn_status launch_fwd<D, cutlass::half_t>(const FwdParams&, cudaStream_t,          \
-                                                                  const LaunchOptions&);                  \
-  extern template flashattn_status launch_fwd<D, cutlass::bfloat16_t>(const FwdParams&, cudaStream_t,      \
-                                                                      const LaunchOptions&);
+  FA_SM90_EXTERN(D, Schedule<>)                                                                            \
+  FA_SM90_EXTERN(D, SchedulePingpongOff)                                                                   \
+  FA_SM90_EXTERN(D, ScheduleOverlapOff)                                                                    \
+  FA_SM90_EXTERN(D, ScheduleBothOff)
+#else
+#define FA_SM90_FOR_EACH_DTYPE(D) FA_SM90_EXTERN(D, Schedule<>)
+#endif
 
 }  // namespace
 #if defined(FLASHATTN_SM90_HDIM_64)
@@ -45,9 +57,20 @@ namespace {
 
 using LaunchFn = flashattn_status (*)(const FwdParams&, cudaStream_t, const LaunchOptions&);
 
+template <int D, class S>
+LaunchFn pick_dtype(flashattn_dtype dt) {
+  return dt == FLASHATTN_DTYPE_FP16 ? &launch_fwd<D, cutlass::half_t, S> : &launch_fwd<D, cutlass::bfloat16_t, S>;
+}
+
 template <int D>
 LaunchFn pick(flashattn_dtype dt) {
-  return dt == FLASHATTN_DTYPE_FP16 ? &launch_fwd<D, cutlass::half_t> : &launch_fwd<D, cutlass::bfloat16_t>;
+#if defined(FLASHATTN_SM90_ABLATION)
+  const bool pingpong = g_pingpong.load(std::memory_order_relaxed) != 0;
+  const bool overlap = g_overlap.load(std::memory_order_relaxed) != 0;
+  if (!pingpong) return overlap ? pick_dtype<D, SchedulePingpongOff>(dt) : pick_dtype<D, ScheduleBothOff>(dt);
+  if (!overlap) return pick_dtype<D, ScheduleOverlapOff>(dt);
+#endif
+  return pick_dtype<D, Schedule<>>(dt);
 }
 
 LaunchFn find_launch(int headdim, flashattn_dtype dt) {
@@ -103,8 +126,7 @@ size_t fwd_workspace(const FwdParams& p) { return fwd_workspace_bytes(p); }
 flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   LaunchFn fn = find_launch(p.shape.headdim, p.dtype);
   if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
-  const LaunchOptions opt{g_pingpong.load(std::memory_order_relaxed), g_overlap.load(std::memory_order_relaxed),
-                          workspace};
+  const LaunchOptions opt{workspace};
   return fn(p, static_cast<cudaStream_t>(stream), opt);
 }
 
@@ -125,8 +147,16 @@ extern "C" FLASHATTN_API flashattn_status flashattn_sm90_set_ablation(int pingpo
     return flashattn::set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
                                 "flashattn_sm90_set_ablation: pingpong %d, intra_warpgroup_overlap %d (0 or 1)",
                                 pingpong, intra_warpgroup_overlap);
+#if defined(FLASHATTN_SM90_ABLATION)
   flashattn::sm90::g_pingpong.store(pingpong);
   flashattn::sm90::g_overlap.store(intra_warpgroup_overlap);
+#else
+  if (pingpong != 1 || intra_warpgroup_overlap != 1)
+    return flashattn::set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                                "flashattn_sm90_set_ablation: this build has only the production sm90 forward "
+                                "(pingpong and intra-warpgroup overlap on); configure with "
+                                "-DFLASHATTN_SM90_ABLATION=ON for the ablation kernels");
+#endif
   flashattn::clear_error();
   return FLASHATTN_SUCCESS;
 }

@@ -13,8 +13,6 @@
 namespace flashattn::sm90 {
 
 struct LaunchOptions {
-  int pingpong;
-  int intra_warpgroup_overlap;
   void* workspace;  // fwd_workspace_bytes(): the dynamic scheduler's tile counter, or null
 };
 
@@ -22,13 +20,12 @@ struct LaunchOptions {
 inline size_t fwd_workspace_bytes(const FwdParams& f) { return TileScheduler::workspace_bytes(f); }
 
 // Each stage builds its own parameters (to_params); this only puts them together and launches.
-template <class Traits>
+template <class Traits, class Sched>
 flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
   TileScheduler::Params sched{};
   flashattn_status st = TileScheduler::to_params(f, Traits::kBlockM, opt.workspace, &sched);
   if (st != FLASHATTN_SUCCESS || sched.num_tiles == 0) return st;
-  const KernelParams<Traits> p{Producer<Traits>::to_params(f), Epilogue<Traits>::to_params(f), f, sched,
-                               opt.pingpong, opt.intra_warpgroup_overlap};
+  const KernelParams<Traits> p{Producer<Traits>::to_params(f), Epilogue<Traits>::to_params(f), f, sched};
 
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -37,7 +34,7 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
   if ((err = TileScheduler::initialize_workspace(sched, stream)) != cudaSuccess)
     return cuda_failure(int(err), "sm90 forward: tile counter reset");
 
-  auto kernel = fwd_kernel<Traits>;
+  auto kernel = fwd_kernel<Traits, Sched>;
   static_assert(sizeof(SharedStorage<Traits>) <= 227 * 1024, "tile exceeds the sm90 shared memory per block");
   const int smem = int(sizeof(SharedStorage<Traits>));
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -53,16 +50,17 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
 // partial last block (2048 = 11.6 x 176) and the per-tile work weigh more.
 constexpr int kWideBlockMinSeqlenK = 8192;
 
-// One (head dim, dtype) instantiation: the default key block, and the unmasked long-sequence
-// one where the head dim has a different one.
-template <int kHeadDim, class Element>
+// One (head dim, dtype, schedule) instantiation: the default key block, and the unmasked
+// long-sequence one where the head dim has a different one. Sched: the production schedule
+// (pingpong and intra-warpgroup overlap), or an ablation one (FLASHATTN_SM90_ABLATION builds).
+template <int kHeadDim, class Element, class Sched = Schedule<>>
 flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
   using Cfg = TileConfig<kHeadDim>;
   if constexpr (Cfg::kBlockNUnmasked != Cfg::kBlockN) {
     if (!masked_problem(f) && f.shape.seqlen_k >= kWideBlockMinSeqlenK)  // varlen: max_seqlen_k
-      return launch_fwd_with<Traits<kHeadDim, Element, Cfg::kBlockNUnmasked>>(f, stream, opt);
+      return launch_fwd_with<Traits<kHeadDim, Element, Cfg::kBlockNUnmasked>, Sched>(f, stream, opt);
   }
-  return launch_fwd_with<Traits<kHeadDim, Element>>(f, stream, opt);
+  return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
 }  // namespace flashattn::sm90

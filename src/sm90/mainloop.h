@@ -3,14 +3,14 @@
 //   softcap, mask (boundary blocks only), online softmax -> P_j in registers (fp16/bf16)
 //   O = O * scale_j + P_j V_j  (RS-WGMMA, P from registers)
 // Key blocks run from the last down, so the block that needs masking (the causal diagonal or
-// the seqlen_k edge) comes first. Two schedules, picked at runtime:
-//   plain:   run_plain(): per block QK_j, wait, softmax_j, PV_j, wait.
+// the seqlen_k edge) comes first. Two schedules, picked at compile time (Schedule::kOverlap):
 //   overlap: issue QK_j, then PV of the previous block (its P is ready), wait for QK_j only
 //            (warpgroup_wait<1>) and run block j's softmax while that PV runs, then wait.
 //            A tile is head() (its first block: QK + softmax, nothing to overlap), body()
 //            (every other block) and tail() (the last block's PV).
-// Pingpong (named_barriers.h) orders the GEMM issue of the consumer warpgroups: one turn per
-// key block (head, each body block).
+//   plain:   run_plain() (ablation): per block QK_j, wait, softmax_j, PV_j, wait.
+// Pingpong (named_barriers.h, Schedule::kPingpong) orders the GEMM issue of the consumer
+// warpgroups: one turn per key block (head, each body block).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -41,10 +41,26 @@ __device__ __forceinline__ void apply_mask(TensorS& s, const TensorC& c, const M
   }
 }
 
-template <class Traits>
+// The consumers' schedule (FA3 paper, section 3.1 and 3.2): kPingpong = inter-warpgroup
+// pingpong, kOverlap = intra-warpgroup overlap of softmax and GEMMs. The production kernel has
+// both (the defaults); the ablation kernels, with one or both off, are compiled only with
+// -DFLASHATTN_SM90_ABLATION=ON (flashattn_sm90_set_ablation, flashattn-bench --ablation).
+template <bool kPingpong_ = true, bool kOverlap_ = true>
+struct Schedule {
+  static constexpr bool kPingpong = kPingpong_;
+  static constexpr bool kOverlap = kOverlap_;
+};
+
+// The ablation schedules (named, so that macros and generated files can spell them).
+using SchedulePingpongOff = Schedule<false, true>;
+using ScheduleOverlapOff = Schedule<true, false>;
+using ScheduleBothOff = Schedule<false, false>;
+
+template <class Traits, class Sched = Schedule<>>
 struct Mainloop {
   using Element = typename Traits::Element;
   using SharedStorage = typename Producer<Traits>::TensorStorage;  // Q, K, V, filled by the producer
+  using Pingpong = PingpongScheduler<Traits::kNumMmaWG, Sched::kPingpong>;
   using P = Pipelines<Traits>;
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;
@@ -67,9 +83,22 @@ struct Mainloop {
     typename P::KV& v;
   };
 
+  // One tile with keys: O (zeroed by the caller) += softmax(Q K^T) V over its key blocks.
+  template <class TensorO>
+  __device__ void run(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
+                      const Pingpong& ping, int mma_tidx) {
+    if constexpr (Sched::kOverlap) {
+      head(ss, pipes, w, m_block, sm, ping, mma_tidx);
+      body(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
+      tail(ss, pipes, tOrO, mma_tidx);
+    } else {
+      run_plain(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
+    }
+  }
+
   // First key block of a tile: S = Q K^T, softmax -> P. Nothing of this warpgroup overlaps it.
   __device__ void head(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, Softmax& sm,
-                       const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+                       const Pingpong& ping, int mma_tidx) {
     using namespace cute;
     TiledMmaQK mma_qk;
     Tensor tSrS = new_s();
@@ -89,7 +118,7 @@ struct Mainloop {
   // Leaves the last block's P V to tail(); frees this tile's Q.
   template <class TensorO>
   __device__ void body(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
-                       const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+                       const Pingpong& ping, int mma_tidx) {
     using namespace cute;
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
@@ -138,7 +167,7 @@ struct Mainloop {
   // The plain schedule (ablation): one whole tile, each block's GEMMs waited for in turn.
   template <class TensorO>
   __device__ void run_plain(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO,
-                            Softmax& sm, const PingpongScheduler<Traits::kNumMmaWG>& ping, int mma_tidx) {
+                            Softmax& sm, const Pingpong& ping, int mma_tidx) {
     using namespace cute;
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;

@@ -24,19 +24,21 @@ enum : uint32_t {
 // The turn order between the consumer warpgroups. Every warpgroup runs the same number of
 // sync/arrive sections per tile (one per key block), so the turns stay balanced across tiles;
 // the one extra arrival from init() carries over as the first turn of the next tile.
-template <int kNumMmaWG>
+// kEnabled = false (an ablation kernel, mainloop.h Schedule): no turns, every call is empty.
+template <int kNumMmaWG, bool kEnabled = true>
 struct PingpongScheduler {
-  uint32_t wg;   // consumer warpgroup, 0-based
-  bool enabled;  // runtime ablation switch, uniform over the CTA
+  uint32_t wg;  // consumer warpgroup, 0-based
 
   __device__ void init() const {
-    if (enabled && wg == 0) named_barrier_arrive(kBarrierPingpongBase, 256);
+    if constexpr (kEnabled) {
+      if (wg == 0) named_barrier_arrive(kBarrierPingpongBase, 256);
+    }
   }
   __device__ void wait_turn() const {
-    if (enabled) named_barrier_sync(kBarrierPingpongBase + wg, 256);
+    if constexpr (kEnabled) named_barrier_sync(kBarrierPingpongBase + wg, 256);
   }
   __device__ void pass_turn() const {
-    if (enabled) named_barrier_arrive(kBarrierPingpongBase + (wg + 1) % kNumMmaWG, 256);
+    if constexpr (kEnabled) named_barrier_arrive(kBarrierPingpongBase + (wg + 1) % kNumMmaWG, 256);
   }
 };
 
