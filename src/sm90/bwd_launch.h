@@ -48,7 +48,7 @@ flashattn_status launch_bwd(const BwdParams& p, void* workspace, cudaStream_t st
     if ((err = cudaGetLastError()) != cudaSuccess) return cuda_failure(int(err), "sm90 backward: preprocess launch");
   }
   if (ctas > 0) {
-    typename K::Params kp{K::Mainloop::to_params(p, ws), K::Epilogue::to_params(p), num_n};
+    typename K::Params kp{K::Mainloop::to_params(p, ws), K::Epilogue::to_params(p), num_n, p.deterministic ? 1 : 0};
     auto kernel = bwd_kernel<Traits>;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes);
     if (err != cudaSuccess) return cuda_failure(int(err), "sm90 backward: cudaFuncSetAttribute(smem)");

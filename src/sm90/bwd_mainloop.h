@@ -34,12 +34,6 @@
 
 namespace flashattn::sm90 {
 
-// Named barriers of the backward kernel (its own id space; 0 is __syncthreads).
-enum : uint32_t {
-  kBwdBarrierdS = 1,       // both consumer warpgroups' dS is in smem
-  kBwdBarrierdQEmpty = 2,  // 2 ids: a warpgroup's dQ slice may be overwritten
-  kBwdBarrierdQFull = 4,   // 2 ids: a warpgroup's dQ slice is ready for the writer
-};
 constexpr uint32_t kBwdDqBarrierThreads = 128 + 32;  // one consumer warpgroup + the writer warp
 
 // What one CTA (key block n_block of kv head kv_head, sequence batch) does.
@@ -92,7 +86,9 @@ struct BwdMainloop {
   using TmaV = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutV{},
                                                 TileKV{}));
 
-  struct SharedStorage {
+  // Buffers (the epilogue may reuse K's and V's bytes once the mainloop is done: bwd_kernel.h)
+  // and barriers (never reused).
+  struct TensorStorage {
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> q;
@@ -107,6 +103,8 @@ struct BwdMainloop {
         dq_acc;
     cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> lse;
     cute::array_aligned<float, cute::cosize_v<typename Traits::SmemLayoutRowStat>, 128> dpsum;
+  };
+  struct BarrierStorage {
     typename Pipeline::SharedStorage pipe_q;
     typename Pipeline::SharedStorage pipe_do;
     uint64_t kv_full;
@@ -159,8 +157,8 @@ struct BwdMainloop {
     params.num_consumers = Traits::kNumMmaThreads;
     return Pipeline(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
   }
-  __device__ static void init_kv_barrier(SharedStorage& ss) {
-    if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.kv_full, 1);
+  __device__ static void init_kv_barrier(BarrierStorage& bs) {
+    if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&bs.kv_full, 1);
   }
 
   // The step order all three roles share: query heads of the group, then query blocks.
@@ -177,7 +175,7 @@ struct BwdMainloop {
   }
 
   // ---- producer (one thread) ----
-  __device__ static void load(const Params& p, SharedStorage& ss, Pipeline& pipe_q, Pipeline& pipe_do,
+  __device__ static void load(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q, Pipeline& pipe_do,
                               const BwdWork& w) {
     using namespace cute;
     if (w.steps() == 0) return;
@@ -201,9 +199,9 @@ struct BwdMainloop {
     auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{},
                                       group_modes<0, 2>(make_tensor(sV.data(), make_layout(sV.layout(), Layout<_1>{}))),
                                       group_modes<0, 2>(make_tensor(gV.data(), make_layout(gV.layout(), Layout<_1>{}))));
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.kv_full, 2 * Traits::kBytesKV);
-    copy(p.tma_k.with(ss.kv_full, 0, Hint::EVICT_FIRST), tKgK, tKsK);
-    copy(p.tma_v.with(ss.kv_full, 0, Hint::EVICT_FIRST), tVgV, tVsV);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&bs.kv_full, 2 * Traits::kBytesKV);
+    copy(p.tma_k.with(bs.kv_full, 0, Hint::EVICT_FIRST), tKgK, tKsK);
+    copy(p.tma_v.with(bs.kv_full, 0, Hint::EVICT_FIRST), tVgV, tVsV);
 
     auto state = cutlass::make_producer_start_state<Pipeline>();
     const auto q_origin = make_coord(int32_t(w.seq.q_offset), _0{});
@@ -229,7 +227,7 @@ struct BwdMainloop {
   }
 
   // ---- dQ writer (one warp) ----
-  __device__ static void store_dq(const Params& p, SharedStorage& ss, const BwdWork& w) {
+  __device__ static void store_dq(const Params& p, TensorStorage& ss, const BwdWork& w) {
     if constexpr (!Traits::kDqBulkReduce) return;  // the consumers add dQ with atomics
     const bool leader = threadIdx.x % 32 == 0;
     const bool deterministic = p.ws.dq_semaphore != nullptr;
@@ -267,7 +265,7 @@ struct BwdMainloop {
 
   // ---- consumers ----
   template <class TensorAcc>
-  __device__ static void mma(const Params& p, SharedStorage& ss, Pipeline& pipe_q, Pipeline& pipe_do,
+  __device__ static void mma(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q, Pipeline& pipe_do,
                              PipelineState& state, const BwdWork& w, TensorAcc& tdKrdK, TensorAcc& tdVrdV,
                              int mma_tidx) {
     using namespace cute;
@@ -329,7 +327,7 @@ struct BwdMainloop {
     // The writer warp's first "slice free" is this warpgroup's own arrival.
     if (Traits::kDqBulkReduce && mma_tidx % 128 < 32)
       named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
-    cutlass::arch::ClusterTransactionBarrier::wait(&ss.kv_full, 0);
+    cutlass::arch::ClusterTransactionBarrier::wait(&bs.kv_full, 0);
 
     for_each_step(w, [&](int q_head, int m_block) {
       const int stage = state.index();
@@ -339,8 +337,9 @@ struct BwdMainloop {
       gemm_async<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
       pipe_do.consumer_wait(state);
       gemm_async<true>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), tdPrdP);
-      Tensor lse = make_fragment_like(tLSEsLSE(_, _0{}));
-      copy(tLSEsLSE(_, stage), lse);
+      // LSE and D are read from smem where used (an LDS each): register copies of both would
+      // push the consumers past 240 registers at hdim 128.
+      Tensor lse = tLSEsLSE(_, stage);
       warpgroup_wait<1>();  // S^T ready, dP^T may still run
       warpgroup_fence_operand(tSrS);
 
@@ -351,8 +350,7 @@ struct BwdMainloop {
       const bool masked = w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
       auto elementwise = [&](auto masked_tag, auto softcap_tag) {
         scores_to_p<decltype(masked_tag)::value, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, m_block, key0);
-        Tensor dsum = make_fragment_like(tDsD(_, _0{}));  // loaded late: fewer live registers
-        copy(tDsD(_, stage), dsum);
+        Tensor dsum = tDsD(_, stage);
         warpgroup_wait<0>();  // dP^T ready
         warpgroup_fence_operand(tdPrdP);
         dp_to_ds<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf);
@@ -454,8 +452,8 @@ struct BwdMainloop {
   // dS^T = P^T (dP^T - D), times d(capped)/d(raw) = 1 - (capped / cap)^2 with softcap. The
   // capped score is recovered from P itself, (log2 P + LSE) / exp2_scale, so no second score
   // array stays live across the dP wait.
-  template <bool kSoftcap, class TensorS, class TensorL>
-  __device__ static void dp_to_ds(const TensorS& p, TensorS& ds, const TensorL& lse, const TensorL& dsum,
+  template <bool kSoftcap, class TensorS, class TensorL, class TensorD>
+  __device__ static void dp_to_ds(const TensorS& p, TensorS& ds, const TensorL& lse, const TensorD& dsum,
                                   const ScoreTransform& tf) {
     using namespace cute;
 #pragma unroll
@@ -480,18 +478,21 @@ struct BwdMainloop {
   }
   __device__ static void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-  // Deterministic mode: the key blocks that add into query block m_block do so in increasing
-  // order. Those before this one: the first key block that reaches m_block up to this one
-  // (the key blocks reaching a query block are contiguous: the mask's bounds are monotone).
+  // Deterministic mode: the key blocks that add into query block m_block do so in decreasing
+  // order, the order in which they reach it (a key block starts at its first query block,
+  // which moves down with the block under causal/local masks), so they rarely wait. Those
+  // before this one: the key blocks after it up to the last one whose query range starts at
+  // or before m_block (the ranges' bounds are monotone, and a block after one that reaches
+  // m_block ends at or past it).
   __device__ static int key_blocks_before(const BwdWork& w, int m_block) {
-    int lo = 0, hi = w.n_block;  // first n in [0, n_block] whose query range reaches m_block
+    int lo = w.n_block, hi = (w.seq.seqlen_k + kBlockN - 1) / kBlockN - 1;
     while (lo < hi) {
-      const int mid = (lo + hi) / 2;
+      const int mid = (lo + hi + 1) / 2;
       int mb, me;
       w.mask.query_block_range(mid * kBlockN, kBlockN, kBlockM, &mb, &me);
-      if (me > m_block && me > mb) hi = mid; else lo = mid + 1;
+      if (mb <= m_block) lo = mid; else hi = mid - 1;
     }
-    return w.n_block - lo;
+    return lo - w.n_block;
   }
   __device__ static void wait_turn(int* sem, int expected) {
     int v;

@@ -42,4 +42,12 @@ struct PingpongScheduler {
   }
 };
 
+// The backward kernel's own id space (bwd_kernel.h).
+enum : uint32_t {
+  kBwdBarrierdS = 1,        // both consumer warpgroups' dS (and P^T) are in smem / free again
+  kBwdBarrierdQEmpty = 2,   // 2 ids: a warpgroup's dQ slice may be overwritten
+  kBwdBarrierdQFull = 4,    // 2 ids: a warpgroup's dQ slice is ready for the writer warp
+  kBwdBarrierEpilogue = 6,  // the consumers are done with the mainloop's smem / dK, dV staged
+};
+
 }  // namespace flashattn::sm90
