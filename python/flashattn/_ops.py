@@ -329,8 +329,8 @@ _BACKEND_SM90 = _lib.backend_id("sm90")
 
 
 def _bwd_backend(backend):
-    """sm90's backward covers head dims 64-128: a backward after an sm90 forward runs on the automatic
-    choice, which is sm90 where it has the head dim and sm80 otherwise."""
+    """A backward after an sm90 forward runs on the automatic choice: sm90 where it has a backward for
+    the call (head dims 64-256; deterministic up to 192), sm80 otherwise."""
     return _lib.backend_id("auto") if backend == _BACKEND_SM90 else backend
 
 

@@ -42,13 +42,10 @@ struct BwdEpilogue {
   using SmemLayoutdKV = decltype(cute::tile_to_shape(typename Traits::template AtomK<kBlockN, Traits::kDkvN>{},
                                                      cute::Shape<cute::Int<kBlockN>, cute::Int<Traits::kHeadDim>>{}));
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kD>>;
-  static auto make_tma_store(void* ptr, ShapeQKV shape, StrideQKV stride) {
-    return cute::make_tma_copy(
-        cute::SM90_TMA_STORE{},
-        cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(ptr)), cute::make_layout(shape, stride)),
-        SmemLayoutdKV{}, TileKV{}, cute::_1{});
+  static auto make_tma_store(const TmaGmemTensor<Element>& g) {
+    return cute::make_tma_copy(cute::SM90_TMA_STORE{}, g, SmemLayoutdKV{}, TileKV{}, cute::_1{});
   }
-  using TmaStore = decltype(make_tma_store(nullptr, ShapeQKV{}, StrideQKV{}));
+  using TmaStore = decltype(make_tma_store(TmaGmemTensor<Element>{}));
 
   struct TensorStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdKV>, 1024> dk;
@@ -66,14 +63,13 @@ struct BwdEpilogue {
   };
   static Params to_params(const BwdParams& p) {
     const Shape& s = p.shape;
-    const bool varlen = p.cu_seqlens_k != nullptr;
-    const int rows = varlen ? s.total_k : s.seqlen_k, batch = varlen ? 1 : s.batch;
-    const ShapeQKV shape(rows, kD, s.nheads_kv, batch);
-    auto stride = [&](const RowStrides& st) {
-      return StrideQKV(tma_stride(rows, st.row), cute::_1{}, tma_stride(s.nheads_kv, st.head), tma_stride(batch, st.batch));
+    const TmaExtents e = TmaExtents::of(p);
+    auto gmem = [&](void* ptr, const RowStrides& st) {
+      return tma_gmem_tensor(static_cast<Element*>(ptr), e.rows_k, kD, s.nheads_kv, e.batch, st);
     };
-    return {make_tma_store(p.dk, shape, stride(p.dk_stride)), make_tma_store(p.dv, shape, stride(p.dv_stride)),
-            shape, p.dk, p.dv, p.dk_stride, p.dv_stride, p.mask.softmax_scale, varlen};
+    return {make_tma_store(gmem(p.dk, p.dk_stride)), make_tma_store(gmem(p.dv, p.dv_stride)),
+            ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch), p.dk, p.dv, p.dk_stride, p.dv_stride,
+            p.mask.softmax_scale, p.cu_seqlens_k != nullptr};
   }
 
   template <class TensorAcc>

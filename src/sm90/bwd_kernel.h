@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
   const int mma_tidx = int(threadIdx.x) - 128;
   typename Traits::TiledMmadKV mma_dkv;
-  auto tdKrdK = cute::partition_fragment_C(mma_dkv, cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Traits::kHeadDim>>{});
-  auto tdVrdV = cute::partition_fragment_C(mma_dkv, cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Traits::kHeadDim>>{});
+  using TileKV = cute::Shape<cute::Int<Traits::kBlockN>, cute::Int<Traits::kHeadDim>>;
+  auto tdKrdK = cute::partition_fragment_C(mma_dkv, TileKV{});
+  auto tdVrdV = cute::partition_fragment_C(mma_dkv, TileKV{});
   cute::clear(tdKrdK);
   cute::clear(tdVrdV);
   typename Mainloop::PipelineState state;

@@ -80,19 +80,17 @@ const char* bwd_unsupported(const BwdParams& p) {
                   p.shape.headdim);
     return msg;
   }
-  // TMA descriptors need non-zero strides on every dimension that is stepped over.
   const Shape& sh = p.shape;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int rows_q = varlen ? sh.total_q : sh.seqlen_q, rows_k = varlen ? sh.total_k : sh.seqlen_k;
-  struct { const char* name; const RowStrides& st; int rows, heads; } t[] = {
-      {"q", p.q_stride, rows_q, sh.nheads_q}, {"dout", p.dout_stride, rows_q, sh.nheads_q},
-      {"k", p.k_stride, rows_k, sh.nheads_kv}, {"v", p.v_stride, rows_k, sh.nheads_kv}};
-  for (const auto& x : t) {
-    if ((x.rows > 1 && x.st.row == 0) || (x.heads > 1 && x.st.head == 0) ||
-        (!varlen && sh.batch > 1 && x.st.batch == 0)) {
-      std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", x.name);
-      return msg;
-    }
+  const TmaExtents x = TmaExtents::of(p);
+  if (const char* name = tma_broadcast_operand({{"q", p.q_stride, x.rows_q, sh.nheads_q},
+                                                {"dout", p.dout_stride, x.rows_q, sh.nheads_q},
+                                                {"k", p.k_stride, x.rows_k, sh.nheads_kv},
+                                                {"v", p.v_stride, x.rows_k, sh.nheads_kv},
+                                                {"dk", p.dk_stride, x.rows_k, sh.nheads_kv},
+                                                {"dv", p.dv_stride, x.rows_k, sh.nheads_kv}},
+                                               x.batch)) {
+    std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", name);
+    return msg;
   }
   return nullptr;
 }

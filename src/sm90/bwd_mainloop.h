@@ -1,15 +1,16 @@
-// The backward's producer/consumer collective for one key block (FA3's backward, Algorithm 2
-// of the paper, in our pieces): it owns its shared memory, its TMA descriptors (built in
-// to_params, the one place their types come from) and its params.
+// The backward's producer/consumer collective for one key block (FA3's backward, in our
+// pieces): it owns its shared memory, its TMA descriptors (built in to_params, the one place
+// their types come from) and its params.
 //   load()      producer warp, one thread: K_j, V_j once; then per step (query head of the
 //               GQA group, query block i) Q_i + LSE_i and dO_i + D_i into kStages-deep rings.
 //   mma()       consumer warpgroups, per step:
 //                 S^T = K Q_i^T, dP^T = V dO_i^T (async, both issued before either is used)
 //                 P^T = exp2(S^T * scale_log2 - LSE_i)            (masked / softcapped)
 //                 dS^T = P^T * (dP^T - D_i) [* (1 - tanh^2)]
-//                 dS -> smem (stmatrix, transposed);  dV += P^T dO_i (RS)
-//                 dQ_i = dS K (SS, both warpgroups' dS: one barrier)   dK += dS^T Q_i (RS)
-//                 dQ_i -> smem slice of this warpgroup, handed to the dQ writer
+//                 dS -> smem (stmatrix, transposed), and P^T too when the head dim is split
+//                 dV += P^T dO_i, dQ_i = dS K (one barrier: both warpgroups' dS), dK += dS^T Q_i
+//                 (dV/dK from registers or smem: the partition policy, bwd_shapes.h)
+//                 dQ_i -> this warpgroup's smem slice for the dQ writer, or atomics (hdim 256)
 //   store_dq()  producer warpgroup's warp 1: per step, one bulk reduce-add (cp.reduce.async.bulk)
 //               per warpgroup slice into the fp32 accumulator, so no consumer waits on global
 //               atomics; deterministic mode orders the adds of the key blocks by a semaphore.
@@ -27,8 +28,8 @@
 #include "common/softmax.h"
 #include "sm90/bwd_shapes.h"
 #include "sm90/bwd_workspace.h"
-#include "sm90/kernel_params.h"  // ShapeQKV, StrideQKV, tma_stride
-#include "sm90/mainloop.h"       // gemm_async
+#include "sm90/kernel_params.h"  // ShapeQKV, TmaExtents, tma_gmem_tensor
+#include "sm90/gemm.h"           // gemm_async
 #include "sm90/named_barriers.h"
 #include "sm90/softmax.h"
 
@@ -62,12 +63,10 @@ __device__ __forceinline__ BwdWork make_bwd_work(const BwdParams& p, int n_block
   return w;
 }
 
-template <class Element, class SmemLayout, class Tile>
-auto make_tma_load(const void* ptr, ShapeQKV shape, StrideQKV stride, SmemLayout smem, Tile tile) {
-  return cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{},
-      cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(ptr)), cute::make_layout(shape, stride)),
-      smem, tile, cute::_1{});
+// Host: a TMA load of `tile`-sized boxes of a (rows, d, heads, batch) tensor into `smem`.
+template <class GmemTensor, class SmemLayout, class Tile>
+auto make_tma_load(const GmemTensor& g, SmemLayout smem, Tile tile) {
+  return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, g, smem, tile, cute::_1{});
 }
 
 template <class Traits>
@@ -79,12 +78,10 @@ struct BwdMainloop {
   using PipelineState = cutlass::PipelineState<kStages>;
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kD>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kD>>;
-  using TmaQ = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{},
-                                                cute::take<0, 2>(typename Traits::SmemLayoutQ{}), TileQ{}));
-  using TmaK = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutK{},
-                                                TileKV{}));
-  using TmaV = decltype(make_tma_load<Element>(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutV{},
-                                                TileKV{}));
+  using Gmem = TmaGmemTensor<Element const>;
+  using TmaQ = decltype(make_tma_load(Gmem{}, cute::take<0, 2>(typename Traits::SmemLayoutQ{}), TileQ{}));
+  using TmaK = decltype(make_tma_load(Gmem{}, typename Traits::SmemLayoutK{}, TileKV{}));
+  using TmaV = decltype(make_tma_load(Gmem{}, typename Traits::SmemLayoutV{}, TileKV{}));
 
   // Buffers (the epilogue may reuse K's and V's bytes once the mainloop is done: bwd_kernel.h)
   // and barriers (never reused).
@@ -121,22 +118,17 @@ struct BwdMainloop {
 
   static Params to_params(const BwdParams& p, const BwdWorkspace& ws) {
     const Shape& s = p.shape;
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    const int rows_q = varlen ? s.total_q : s.seqlen_q, rows_k = varlen ? s.total_k : s.seqlen_k;
-    const int batch = varlen ? 1 : s.batch;
-    auto stride = [&](int rows, int heads, const RowStrides& st) {
-      return StrideQKV(tma_stride(rows, st.row), cute::_1{}, tma_stride(heads, st.head), tma_stride(batch, st.batch));
+    const TmaExtents e = TmaExtents::of(p);
+    auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
+      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, kD, heads, e.batch, st);
     };
-    const ShapeQKV shape_q(rows_q, kD, s.nheads_q, batch), shape_k(rows_k, kD, s.nheads_kv, batch);
     const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
-    return {make_tma_load<Element>(p.q, shape_q, stride(rows_q, s.nheads_q, p.q_stride), smem_q, TileQ{}),
-            make_tma_load<Element>(p.dout, shape_q, stride(rows_q, s.nheads_q, p.dout_stride), smem_q, TileQ{}),
-            make_tma_load<Element>(p.k, shape_k, stride(rows_k, s.nheads_kv, p.k_stride),
-                                   typename Traits::SmemLayoutK{}, TileKV{}),
-            make_tma_load<Element>(p.v, shape_k, stride(rows_k, s.nheads_kv, p.v_stride),
-                                   typename Traits::SmemLayoutV{}, TileKV{}),
-            shape_q,
-            shape_k,
+    return {make_tma_load(gmem(p.q, e.rows_q, s.nheads_q, p.q_stride), smem_q, TileQ{}),
+            make_tma_load(gmem(p.dout, e.rows_q, s.nheads_q, p.dout_stride), smem_q, TileQ{}),
+            make_tma_load(gmem(p.k, e.rows_k, s.nheads_kv, p.k_stride), typename Traits::SmemLayoutK{}, TileKV{}),
+            make_tma_load(gmem(p.v, e.rows_k, s.nheads_kv, p.v_stride), typename Traits::SmemLayoutV{}, TileKV{}),
+            ShapeQKV(e.rows_q, kD, s.nheads_q, e.batch),
+            ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch),
             p,
             ws};
   }
@@ -175,8 +167,8 @@ struct BwdMainloop {
   }
 
   // ---- producer (one thread) ----
-  __device__ static void load(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q, Pipeline& pipe_do,
-                              const BwdWork& w) {
+  __device__ static void load(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q,
+                              Pipeline& pipe_do, const BwdWork& w) {
     using namespace cute;
     if (w.steps() == 0) return;
     using Hint = TMA::CacheHintSm90;
@@ -265,9 +257,9 @@ struct BwdMainloop {
 
   // ---- consumers ----
   template <class TensorAcc>
-  __device__ static void mma(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q, Pipeline& pipe_do,
-                             PipelineState& state, const BwdWork& w, TensorAcc& tdKrdK, TensorAcc& tdVrdV,
-                             int mma_tidx) {
+  __device__ static void mma(const Params& p, TensorStorage& ss, BarrierStorage& bs, Pipeline& pipe_q,
+                             Pipeline& pipe_do, PipelineState& state, const BwdWork& w, TensorAcc& tdKrdK,
+                             TensorAcc& tdVrdV, int mma_tidx) {
     using namespace cute;
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadV mma_dv;

@@ -16,14 +16,34 @@
 
 namespace flashattn::sm90 {
 
+// This CTA's query tile (blockIdx: query block, query head, sequence) and its workspace slot.
+struct BwdRowTile {
+  int h, b, row0;
+  SeqBounds sb;
+  int64_t tile;
+  bool empty;  // the query block lies past its sequence
+
+  __device__ static BwdRowTile of_block(const BwdParams& p, const BwdWorkspace& ws, int block_m) {
+    BwdRowTile t;
+    const int m_block = int(blockIdx.x);
+    t.h = int(blockIdx.y);
+    t.b = int(blockIdx.z);
+    t.row0 = m_block * block_m;
+    t.sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, t.b);
+    t.empty = t.row0 >= t.sb.seqlen_q;
+    t.tile = ws.tile(t.h, BwdWorkspace::packed_row0(t.sb, p.shape, t.b, p.cu_seqlens_q != nullptr), t.b, m_block,
+                     block_m);
+    return t;
+  }
+};
+
 template <class Element, int kHeadDim, int kBlockM>
 __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p, const BwdWorkspace ws) {
-  const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
-  const int row0 = m_block * kBlockM;
-  if (row0 >= sb.seqlen_q) return;
-  const int64_t tile = ws.tile(h, BwdWorkspace::packed_row0(sb, p.shape, b, varlen), b, m_block, kBlockM);
+  const BwdRowTile rt = BwdRowTile::of_block(p, ws, kBlockM);
+  if (rt.empty) return;
+  const int h = rt.h, b = rt.b, row0 = rt.row0;
+  const SeqBounds& sb = rt.sb;
+  const int64_t tile = rt.tile;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const Element* o = static_cast<const Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, 0, h);
   const Element* dout = static_cast<const Element*>(p.dout) + row_offset(p.dout_stride, b, sb.q_offset, 0, h);
@@ -58,12 +78,11 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) bwd_postprocess_kernel
                                                                                   const BwdWorkspace ws) {
   using namespace cute;
   constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim;
-  const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
-  const int row0 = m_block * kBlockM;
-  if (row0 >= sb.seqlen_q) return;
-  const int64_t tile = ws.tile(h, BwdWorkspace::packed_row0(sb, p.shape, b, varlen), b, m_block, kBlockM);
+  const BwdRowTile rt = BwdRowTile::of_block(p, ws, kBlockM);
+  if (rt.empty) return;
+  const int h = rt.h, b = rt.b, row0 = rt.row0;
+  const SeqBounds& sb = rt.sb;
+  const int64_t tile = rt.tile;
   const int tidx = int(threadIdx.x);
 
   typename Traits::TiledMmadQ mma;

@@ -6,6 +6,8 @@
 // The kernel's parameter block itself is composed in kernel.h from the stages' Params.
 #pragma once
 
+#include <initializer_list>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
@@ -24,10 +26,11 @@ using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 // dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
 inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
 
-// The extents TMA sees for a forward problem (varlen: the packed rows, one batch).
+// The extents TMA sees for a forward or backward problem (varlen: the packed rows, one batch).
 struct TmaExtents {
   int rows_q, rows_k, batch;
-  static TmaExtents of(const FwdParams& f) {
+  template <class Problem>
+  static TmaExtents of(const Problem& f) {
     const bool varlen = f.cu_seqlens_q != nullptr;
     return {varlen ? f.shape.total_q : f.shape.seqlen_q, varlen ? f.shape.total_k : f.shape.seqlen_k,
             varlen ? 1 : f.shape.batch};
@@ -43,6 +46,20 @@ auto tma_gmem_tensor(Element* ptr, int rows, int d, int heads, int batch, const 
   StrideQKV stride(tma_stride(rows, st.row), _1{}, tma_stride(heads, st.head), tma_stride(batch, st.batch));
   return make_tensor(make_gmem_ptr(ptr), make_layout(shape, stride));
 }
+// Host: the name of the first operand with a zero stride on a dimension TMA steps over (a
+// broadcast tensor: the sm80 path takes it), or null when every one can be a TMA operand.
+struct TmaOperand {
+  const char* name;
+  const RowStrides& stride;
+  int rows, heads;
+};
+inline const char* tma_broadcast_operand(std::initializer_list<TmaOperand> ops, int batch) {
+  for (const TmaOperand& x : ops)
+    if ((x.rows > 1 && x.stride.row == 0) || (x.heads > 1 && x.stride.head == 0) || (batch > 1 && x.stride.batch == 0))
+      return x.name;
+  return nullptr;
+}
+
 template <class Element>
 using TmaGmemTensor = decltype(tma_gmem_tensor(static_cast<Element*>(nullptr), 0, 0, 0, 0, RowStrides{}));
 

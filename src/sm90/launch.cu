@@ -103,20 +103,15 @@ const char* fwd_unsupported(const FwdParams& p) {
                   FLASHATTN_SM90_HEADDIMS_STR);
     return msg;
   }
-  // TMA descriptors need non-zero strides on every dimension that is stepped over
-  // (a broadcast tensor with stride 0 goes to the sm80 path instead).
   const flashattn::Shape& sh = p.shape;
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int rows_q = varlen ? sh.total_q : sh.seqlen_q, rows_k = varlen ? sh.total_k : sh.seqlen_k;
-  struct { const char* name; const RowStrides& st; int rows, heads; } t[] = {
-      {"q", p.q_stride, rows_q, sh.nheads_q}, {"k", p.k_stride, rows_k, sh.nheads_kv},
-      {"v", p.v_stride, rows_k, sh.nheads_kv}, {"out", p.o_stride, rows_q, sh.nheads_q}};
-  for (const auto& x : t) {
-    if ((x.rows > 1 && x.st.row == 0) || (x.heads > 1 && x.st.head == 0) ||
-        (!varlen && sh.batch > 1 && x.st.batch == 0)) {
-      std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", x.name);
-      return msg;
-    }
+  const TmaExtents e = TmaExtents::of(p);
+  if (const char* name = tma_broadcast_operand({{"q", p.q_stride, e.rows_q, sh.nheads_q},
+                                                {"k", p.k_stride, e.rows_k, sh.nheads_kv},
+                                                {"v", p.v_stride, e.rows_k, sh.nheads_kv},
+                                                {"out", p.o_stride, e.rows_q, sh.nheads_q}},
+                                               e.batch)) {
+    std::snprintf(msg, sizeof(msg), "%s.stride: zero strides (broadcast) are not supported by sm90 (TMA)", name);
+    return msg;
   }
   return nullptr;
 }
