@@ -616,5 +616,50 @@ TEST(CpuPerf, ForwardFourKIsFast) {
   EXPECT_LT(s, 20.0);
 }
 
+// The sm90 backward's deterministic mode: key block n adds its dQ part to query block m only
+// after dq_adds_before(...) other key blocks have, so for every query block the values over
+// the key blocks reaching it must be exactly 0, 1, ..., count - 1 (each turn taken once: no
+// key block waits forever, none adds out of turn), and each one must count the blocks after
+// it that reach m (the order: decreasing key blocks).
+TEST(DeterministicDqOrder, EachQueryBlockTakesEveryTurnOnceInDecreasingKeyOrder) {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int lens[] = {1, 7, 63, 64, 65, 113, 128, 129, 300, 799, 1023};
+  int checked = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int sq = lens[rng() % 11], sk = lens[rng() % 11];
+    int wl = -1, wr = -1;
+    switch (trial % 4) {
+      case 1: wr = 0; break;                                                      // causal
+      case 2: wl = int(rng() % 300); wr = int(rng() % 300); break;                // sliding window
+      case 3: wl = int(rng() % 40); wr = 0; break;                                // causal + window
+      default: break;                                                             // none
+    }
+    const flashattn::Mask mask(sq, sk, wl, wr);
+    for (int block_n : {64, 128}) {
+      const int block_m = 64;
+      const int num_n = (sk + block_n - 1) / block_n, num_m = (sq + block_m - 1) / block_m;
+      std::vector<int> mb(static_cast<size_t>(num_n)), me(static_cast<size_t>(num_n));
+      for (int n = 0; n < num_n; ++n) mask.query_block_range(n * block_n, block_n, block_m, &mb[n], &me[n]);
+      for (int m = 0; m < num_m; ++m) {
+        std::vector<int> turns;
+        for (int n = 0; n < num_n; ++n) {
+          if (!(mb[n] <= m && m < me[n])) continue;
+          int after = 0;
+          for (int n2 = n + 1; n2 < num_n; ++n2) after += mb[n2] <= m && m < me[n2];
+          const int got = flashattn::dq_adds_before(mask, n, m, block_m, block_n);
+          ASSERT_EQ(got, after) << "seed " << seed << " sq " << sq << " sk " << sk << " window " << wl << "," << wr
+                                << " block_n " << block_n << " n " << n << " m " << m;
+          turns.push_back(got);
+          ++checked;
+        }
+        std::sort(turns.begin(), turns.end());
+        for (size_t i = 0; i < turns.size(); ++i) ASSERT_EQ(turns[i], int(i)) << "seed " << seed << " m " << m;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000);
+}
+
 }  // namespace
 }  // namespace flashattn::test

@@ -93,6 +93,23 @@ struct Mask {
   }
 };
 
+// Deterministic backward: the key blocks that add into query block m_block's dQ do so in
+// decreasing order, the order in which they reach it (a key block starts at its first query
+// block, which moves down with the block under causal/local masks). The key blocks reaching a
+// query block are contiguous (the bounds are monotone), so those before n_block (which reaches
+// m_block) are the ones after it up to the last whose query range starts at or before m_block.
+// tests/test_cpu.cpp (DeterministicDqOrder) checks this against a count by brute force.
+FA_HD int dq_adds_before(const Mask& mask, int n_block, int m_block, int block_m, int block_n) {
+  int lo = n_block, hi = (mask.seqlen_k + block_n - 1) / block_n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    int mb, me;
+    mask.query_block_range(mid * block_n, block_n, block_m, &mb, &me);
+    if (mb <= m_block) lo = mid; else hi = mid - 1;
+  }
+  return lo - n_block;
+}
+
 // Mask of batch entry b from the shared params (varlen-aware).
 FA_HD Mask make_mask(const MaskOptions& o, const SeqBounds& sb) {
   return Mask(o, sb.seqlen_q, sb.seqlen_k);

@@ -227,7 +227,7 @@ struct BwdMainloop {
       const int64_t tile = stat_tile(p, w, q_head, m_block);
       float* gacc = p.ws.dq_accum + tile * kBlockM * kD;
       int* sem = deterministic ? p.ws.dq_semaphore + tile : nullptr;
-      if (deterministic && leader) wait_turn(sem, key_blocks_before(w, m_block));
+      if (deterministic && leader) wait_turn(sem, dq_adds_before(w.mask, w.n_block, m_block, kBlockM, kBlockN));
       __syncwarp();
 #pragma unroll
       for (int wg = 0; wg < kNumMmaWG; ++wg) {
@@ -470,22 +470,6 @@ struct BwdMainloop {
   }
   __device__ static void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
-  // Deterministic mode: the key blocks that add into query block m_block do so in decreasing
-  // order, the order in which they reach it (a key block starts at its first query block,
-  // which moves down with the block under causal/local masks), so they rarely wait. Those
-  // before this one: the key blocks after it up to the last one whose query range starts at
-  // or before m_block (the ranges' bounds are monotone, and a block after one that reaches
-  // m_block ends at or past it).
-  __device__ static int key_blocks_before(const BwdWork& w, int m_block) {
-    int lo = w.n_block, hi = (w.seq.seqlen_k + kBlockN - 1) / kBlockN - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      int mb, me;
-      w.mask.query_block_range(mid * kBlockN, kBlockN, kBlockM, &mb, &me);
-      if (mb <= m_block) lo = mid; else hi = mid - 1;
-    }
-    return lo - w.n_block;
-  }
   __device__ static void wait_turn(int* sem, int expected) {
     int v;
     do {
