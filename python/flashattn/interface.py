@@ -9,6 +9,10 @@ NotImplementedError naming the option; they are never ignored.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
+
 import torch
 
 from . import _lib
@@ -28,14 +32,42 @@ def _not_implemented(dropout_p, alibi_slopes, block_table=None):
         raise NotImplementedError("flashattn: block_table: paged KV cache is not implemented (pass block_table=None)")
 
 
-def _check_window(window_size):
+def _int_like(x):
+    """x as a Python int if it is an integer of any kind (int, numpy or 0-d torch integer), else None."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() != 0 or x.is_floating_point())):
+        return None
     try:
-        left, right = window_size
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
+def _check_window(window_size):
+    """window_size as flash_attn takes it: any pair of int-likes (tuple, list, torch or numpy)."""
+    try:
+        left, right = (_int_like(x) for x in window_size)
     except (TypeError, ValueError):
         raise ValueError(f"flashattn: window_size must be a pair (left, right), got {window_size!r}") from None
-    if not isinstance(left, int) or not isinstance(right, int) or left < -1 or right < -1:
-        raise ValueError(f"flashattn: window_size {window_size!r}: each side must be an int >= -1 (-1 = unbounded)")
+    if left is None or right is None or left < -1 or right < -1:
+        raise ValueError(f"flashattn: window_size {window_size!r}: each side must be an integer >= -1 "
+                         "(-1 = unbounded)")
     return left, right
+
+
+def _check_softmax_scale(softmax_scale, headdim):
+    """None -> 1/sqrt(headdim); otherwise a finite real > 0 (Python, numpy or 0-d torch). 0 is refused,
+    not silently replaced: the C ABI reads 0 as "default", flash_attn would compute with it."""
+    if softmax_scale is None:
+        return headdim ** (-0.5)
+    real = (softmax_scale.dim() == 0 if isinstance(softmax_scale, torch.Tensor)
+            else isinstance(softmax_scale, numbers.Real) and not isinstance(softmax_scale, bool))
+    if not real:
+        raise ValueError(f"flashattn: softmax_scale must be a real number or None, got {softmax_scale!r}")
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"flashattn: softmax_scale={softmax_scale!r} must be finite and > 0 "
+                         "(pass None for 1/sqrt(headdim))")
+    return scale
 
 
 def _check_inputs(q, k, v, packed_ndim):
@@ -66,7 +98,11 @@ def _check_inputs(q, k, v, packed_ndim):
         raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, v: {tuple(v.shape)})")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"flashattn: q and k must have the same head dim (got q: {q.shape[-1]}, k: {k.shape[-1]})")
+    if q.shape[-1] == 0:
+        raise ValueError(f"flashattn: headdim (the last dim of q, k, v) is 0, got q shape {tuple(q.shape)}")
     hq, hk = q.shape[-2], k.shape[-2]
+    if hq == 0:
+        raise ValueError(f"flashattn: nheads of q is 0, got q shape {tuple(q.shape)}")
     if hk == 0 or hq % hk != 0:
         raise ValueError(f"flashattn: the number of heads in q ({hq}) must be a multiple of that in k, v ({hk})")
     if packed_ndim == 4 and q.shape[0] != k.shape[0]:
@@ -102,8 +138,7 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     window_left, window_right = _check_window(window_size)
     if causal:
         window_right = 0  # as flash_attn: causal is the window's right edge at the diagonal
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** (-0.5)
+    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
     if softcap is None:
         softcap = 0.0
     if softcap < 0:
@@ -210,7 +245,6 @@ def _bench_fwd(q, k, v, causal=False, softmax_scale=None, backend="auto"):
 
 def _bench_bwd(dout, q, k, v, out, lse, causal=False, softmax_scale=None, deterministic=False, backend="auto"):
     """One backward on a chosen backend: (dq, dk, dv)."""
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** (-0.5)
+    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
     return torch.ops.flashattn.bwd(dout, q, k, v, out, lse, None, None, 0, 0, float(softmax_scale), bool(causal),
                                    -1, 0 if causal else -1, 0.0, bool(deterministic), _lib.backend_id(backend))

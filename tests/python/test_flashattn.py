@@ -332,3 +332,36 @@ def test_torch_compile_fullgraph(varlen):
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_flash_attn_argument_conventions():
+    # window_size: any pair of integers (tuple, list, torch or numpy); softmax_scale: any real > 0.
+    q, k, v = rand(1, 33, 2, 32), rand(1, 40, 2, 32), rand(1, 40, 2, 32)
+    ref = flash_attn_func(q, k, v, window_size=(8, 2))
+    for w in ([8, 2], (torch.tensor(8), 2), torch.tensor([8, 2])):
+        assert torch.equal(flash_attn_func(q, k, v, window_size=w), ref), w
+    scaled = flash_attn_func(q, k, v, softmax_scale=0.25)
+    assert torch.equal(flash_attn_func(q, k, v, softmax_scale=torch.tensor(0.25)), scaled)
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        for w in ((np.int64(8), np.int32(2)), np.array([8, 2])):
+            assert torch.equal(flash_attn_func(q, k, v, window_size=w), ref), w
+        assert torch.equal(flash_attn_func(q, k, v, softmax_scale=np.float32(0.25)), scaled)
+    for bad in ((1.5, 2), (True, 2), torch.tensor([8.0, 2.0]), (8,), (8, 2, 1), "82"):
+        with pytest.raises(ValueError, match="window_size"):
+            flash_attn_func(q, k, v, window_size=bad)
+    # 0 is refused, never silently read as "default" (flash_attn would compute with it).
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            flash_attn_func(q, k, v, softmax_scale=bad)
+
+
+def test_degenerate_shapes_name_the_argument():
+    with pytest.raises(ValueError, match="headdim"):
+        z = torch.randn(1, 4, 2, 0)
+        flash_attn_func(z, z, z)
+    with pytest.raises(ValueError, match="nheads"):
+        flash_attn_func(torch.randn(1, 4, 0, 32), rand(1, 4, 2, 32), rand(1, 4, 2, 32))
