@@ -55,7 +55,9 @@ typedef enum flashattn_dtype {
   FLASHATTN_DTYPE_FP16 = 1,
   FLASHATTN_DTYPE_BF16 = 2,
   FLASHATTN_DTYPE_FP32 = 3,     /* host paths only (reference, cpu) */
-  FLASHATTN_DTYPE_FP64 = 4,     /* host paths only; for gradient checks */
+  FLASHATTN_DTYPE_FP64 = 4,     /* host only, for gradient checks: AUTO runs it on the reference
+                                   backend, in fp64 throughout (the cpu backend, if chosen, accumulates
+                                   in fp32); the LSE output stays fp32 */
   FLASHATTN_DTYPE_FP8_E4M3 = 5  /* reserved: returns FLASHATTN_ERROR_NOT_SUPPORTED */
 } flashattn_dtype;
 

@@ -69,8 +69,13 @@ flashattn_status select(const P& params, const CallContext& ctx, const Backend**
   for (const Backend* b : kBackends) {
     if (b->on_device != device) continue;
     if (device && !runs_on(*b, cc)) continue;
-    // AUTO on the host takes the tiled path, never the O(N^2) oracle.
-    if (!device && b->id == FLASHATTN_BACKEND_REFERENCE) continue;
+    // AUTO on the host: the tiled path (fp32 accumulation) for fp16/bf16/fp32. fp64 is there for
+    // gradient checks, so it goes to the reference backend, which computes in fp64 throughout.
+    if (!device) {
+      const bool fp64 = params.dtype == FLASHATTN_DTYPE_FP64;
+      if (b->id == FLASHATTN_BACKEND_REFERENCE && !fp64) continue;
+      if (b->id == FLASHATTN_BACKEND_CPU && fp64) continue;
+    }
     const char* why = unsupported(b);
     if (why == nullptr) {
       *out = b;

@@ -202,6 +202,21 @@ def test_strided_and_noncontiguous_inputs():
     torch.testing.assert_close(q.grad, qq.grad, rtol=0, atol=0)
 
 
+def test_gradcheck_float64_through_the_public_api():
+    # float64 on the default host path is computed in float64 (the reference backend), so
+    # gradcheck passes with its default tolerances: causal, window, softcap, GQA, varlen.
+    q = rand(1, 7, 4, 8, dtype=torch.float64, outliers=False).requires_grad_()
+    k, v = (rand(1, 9, 2, 8, dtype=torch.float64, outliers=False).requires_grad_() for _ in range(2))
+    for kw in (dict(causal=True), dict(window_size=(2, 1), softcap=3.0), dict()):
+        f = lambda q, k, v: flash_attn_func(q, k, v, **kw)  # noqa: E731
+        assert torch.autograd.gradcheck(f, (q, k, v)), kw
+    cu_q, cu_k = _cu([3, 4]), _cu([5, 4])
+    qv = rand(7, 4, 8, dtype=torch.float64, outliers=False).requires_grad_()
+    kv_, vv = (rand(9, 2, 8, dtype=torch.float64, outliers=False).requires_grad_() for _ in range(2))
+    f = lambda q, k, v: flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 5, causal=True)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (qv, kv_, vv))
+
+
 def test_gradcheck_float64():
     q, k, v = (rand(1, 6, 2, 8, dtype=torch.float64, outliers=False).requires_grad_() for _ in range(3))
     # LSE is stored in fp32, so the analytic gradient carries ~1e-7 relative error.
