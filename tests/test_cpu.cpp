@@ -159,6 +159,35 @@ TEST(MaskPolicy, TileNeedsMaskIsConservative) {
   }
 }
 
+// tile_needs_key_mask counts only the rows below seqlen_q (the sm90 forward leaves rows past the
+// end unmasked and never stores them): true exactly when a kept row has a masked or
+// out-of-bounds key in the tile, so a partial last query tile's interior blocks run unmasked.
+TEST(MaskPolicy, TileNeedsKeyMaskIsExactOverKeptRows) {
+  std::mt19937_64 rng(fresh_seed());
+  int partial_clean = 0;
+  for (const MaskCase& mc : random_mask_cases(300)) {
+    const Mask m(mc.sq, mc.sk, mc.wl, mc.wr);
+    for (int t = 0; t < 60; ++t) {
+      const int bm = 1 + int(rng() % 70), bn = 1 + int(rng() % 70);
+      const int row0 = int(rng() % (mc.sq + 1)), col0 = int(rng() % (mc.sk + 1));
+      bool masked = false;
+      for (int i = row0; i < std::min(row0 + bm, mc.sq) && !masked; ++i)
+        for (int j = col0; j < col0 + bn && !masked; ++j)
+          masked = !header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
+      ASSERT_EQ(m.tile_needs_key_mask(row0, bm, col0, bn), masked)
+          << str(mc) << " tile rows [" << row0 << "," << row0 + bm << ") cols [" << col0 << "," << col0 + bn << ")";
+      // Never more than tile_needs_mask, which also counts the rows past the end.
+      if (masked) ASSERT_TRUE(m.tile_needs_mask(row0, bm, col0, bn));
+      partial_clean += row0 < mc.sq && row0 + bm > mc.sq && !masked;
+    }
+  }
+  EXPECT_GT(partial_clean, 0) << "no partial tile with a clean kept part was drawn";
+  // The case that motivated it: seqlen 4096 in 192-row tiles ends with 64 kept rows.
+  const Mask none(4096, 4096, -1, -1);
+  EXPECT_FALSE(none.tile_needs_key_mask(21 * 192, 192, 0, 128));
+  EXPECT_TRUE(none.tile_needs_mask(21 * 192, 192, 0, 128));
+}
+
 TEST(MaskPolicy, InteriorTilesSkipMasking) {
   // No mask: every in-bounds tile is clean. Causal 256 x 256 with 64-tiles: the 6 tiles
   // strictly below the diagonal are clean, the 4 on it are not.

@@ -84,10 +84,18 @@ struct Mask {
   // True when some element of the tile rows [row0, row0+bm) x cols [col0, col0+bn) is masked
   // or out of bounds. Interior tiles skip per-element masking entirely.
   FA_HD bool tile_needs_mask(int row0, int bm, int col0, int bn) const {
-    if (row0 + bm > seqlen_q || col0 + bn > seqlen_k) return true;
+    return row0 + bm > seqlen_q || tile_needs_key_mask(row0, bm, col0, bn);
+  }
+  // The same, counting only the rows below seqlen_q: for kernels whose rows past the end hold
+  // finite scores and are never stored (the sm90 forward), a partial last query tile then
+  // takes the unmasked path on its interior key blocks instead of masking every block.
+  FA_HD bool tile_needs_key_mask(int row0, int bm, int col0, int bn) const {
+    const int rows = seqlen_q - row0 < bm ? seqlen_q - row0 : bm;
+    if (rows <= 0) return false;  // no row is kept
+    if (col0 + bn > seqlen_k) return true;
     // Every row must see every column of the tile. key_begin and key_end are monotone in the
     // row, so the last row's begin and the first row's end are the binding constraints.
-    if (window_left >= 0 && key_begin(row0 + bm - 1) > col0) return true;
+    if (window_left >= 0 && key_begin(row0 + rows - 1) > col0) return true;
     if (window_right >= 0 && key_end(row0) < col0 + bn) return true;
     return false;
   }

@@ -227,7 +227,9 @@ struct Mainloop {
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     sm.apply_softcap(s);
     const int row0 = m_block * kBlockM;
-    if (w.mask.tile_needs_mask(row0, kBlockM, n * kBlockN, kBlockN)) {
+    // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
+    // varlen sequence) and the epilogue never stores them.
+    if (w.mask.tile_needs_key_mask(row0, kBlockM, n * kBlockN, kBlockN)) {
       Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
           make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
       apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, n * kBlockN);
