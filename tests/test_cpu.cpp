@@ -22,6 +22,24 @@
 #include "common/parallel.h"
 #include "test_util.h"
 
+#if defined(__linux__) && defined(__GLIBC__)
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <thread>
+// Counts the threads this process starts, timing-free evidence of how many workers a call used:
+// this executable's pthread_create interposes on libc's for libflashattn and libstdc++ too.
+static std::atomic<int> g_threads_created{0};
+extern "C" int pthread_create(pthread_t* t, const pthread_attr_t* attr, void* (*fn)(void*), void* arg) {
+  using Fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_create"));
+  g_threads_created.fetch_add(1);
+  return real(t, attr, fn, arg);
+}
+#define FA_COUNTS_THREADS 1
+#endif
+
 namespace flashattn::test {
 namespace {
 
@@ -595,6 +613,59 @@ TEST(CpuDeterminism, BackwardIsBitwiseReproducibleAcrossRunsAndThreadCounts) {
 }
 
 // ---- through the C ABI ---------------------------------------------------------------------
+
+// options.num_threads reaches the host paths: each call starts num_threads - 1 workers (the
+// calling thread is the last), whatever FLASHATTN_NUM_THREADS says; 0 falls back to the env.
+TEST(CpuCAbi, NumThreadsOptionSetsTheWorkerCount) {
+#if defined(FA_COUNTS_THREADS)
+  {
+    const int before = g_threads_created.load();
+    std::thread([] {}).join();
+    ASSERT_EQ(g_threads_created.load(), before + 1) << "pthread_create is not interposed: no evidence";
+  }
+  Case c = make(300, 300, 4, 2, 32, kBF16);  // 5 query blocks x 4 heads = 20 forward items
+  c.causal = true;
+  Problem p(c);
+  ThreadsEnv env(3);
+  for (int n : {1, 2, 5, 0}) {
+    const int want = n == 0 ? 3 : n;  // 0: the environment's 3
+    auto started = [&](flashattn_backend b, bool fwd) {
+      const int before = g_threads_created.load();
+      flashattn_fwd_params fp = p.c_fwd_params(b);
+      flashattn_bwd_params bp = p.c_bwd_params(b);
+      fp.options.num_threads = bp.options.num_threads = n;
+      EXPECT_EQ(fwd ? flashattn_fwd(&fp, nullptr, 0, nullptr) : flashattn_bwd(&bp, nullptr, 0, nullptr),
+                FLASHATTN_SUCCESS)
+          << flashattn_last_error();
+      return g_threads_created.load() - before;
+    };
+    // cpu: >= 10 items per pass; the backward forks three times (D, dK/dV, dQ).
+    EXPECT_EQ(started(FLASHATTN_BACKEND_CPU, true), want - 1) << "cpu fwd, num_threads " << n;
+    EXPECT_EQ(started(FLASHATTN_BACKEND_CPU, false), 3 * (want - 1)) << "cpu bwd, num_threads " << n;
+    // reference: one item per (batch, head) forward, per (batch, kv head) backward.
+    EXPECT_EQ(started(FLASHATTN_BACKEND_REFERENCE, true), std::min(want, 4) - 1) << "reference fwd, " << n;
+    EXPECT_EQ(started(FLASHATTN_BACKEND_REFERENCE, false), std::min(want, 2) - 1) << "reference bwd, " << n;
+  }
+#else
+  GTEST_SKIP() << "counting threads needs glibc (pthread_create interposition)";
+#endif
+}
+
+TEST(CpuCAbi, NegativeNumThreadsIsRefusedByName) {
+  Case c = make(16, 16, 2, 2, 32, kF32);
+  Problem p(c);
+  p.poison_outputs();
+  flashattn_fwd_params fp = p.c_fwd_params(FLASHATTN_BACKEND_CPU);
+  fp.options.num_threads = -1;
+  EXPECT_EQ(flashattn_fwd(&fp, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashattn_last_error()).find("options.num_threads"), std::string::npos)
+      << flashattn_last_error();
+  flashattn_bwd_params bp = p.c_bwd_params(FLASHATTN_BACKEND_AUTO);
+  bp.options.num_threads = -7;
+  EXPECT_EQ(flashattn_bwd(&bp, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashattn_last_error()).find("options.num_threads: -7"), std::string::npos)
+      << flashattn_last_error();
+}
 
 TEST(CpuCAbi, BackendsCpuAutoAndReferenceRunThroughTheAbi) {
   Case c = make(150, 97, 4, 2, 64, kF16);

@@ -86,6 +86,11 @@ typedef struct flashattn_options {
   int32_t deterministic; /* backward: bitwise reproducible run to run */
   flashattn_backend backend;
   int32_t device;        /* -1: tensors in host memory; >= 0: CUDA device ordinal of the tensors */
+  int32_t num_threads;   /* host paths' worker threads, >= 0; 0 = default: FLASHATTN_NUM_THREADS if
+                            set, else the hardware's. A value > 0 wins over the environment variable.
+                            Ignored for CUDA tensors. It fills what was padding after `options` in
+                            flashattn_fwd_params/flashattn_bwd_params, so their size and layout (and
+                            struct_size) are unchanged and params from *_params_init() read 0. */
 } flashattn_options;
 
 typedef struct flashattn_varlen {

@@ -59,6 +59,7 @@ class Options(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("backend", ctypes.c_int),  # C enum
         ("device", ctypes.c_int32),
+        ("num_threads", ctypes.c_int32),  # host paths' threads, 0 = the library's default
     ]
 
 

@@ -134,6 +134,8 @@ def _fill_options(o, device, softmax_scale, causal, window_left, window_right, s
         o.device = device.index if device.index is not None else torch.cuda.current_device()
     else:
         o.device = -1
+        # Host paths run on torch's intra-op thread count (torch.set_num_threads), like SDPA.
+        o.num_threads = torch.get_num_threads()
 
 
 def _fill_varlen(vl, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):

@@ -9,6 +9,7 @@
 #include "api/cuda_util.h"
 #include "common/error.h"
 #include "api/validate.h"
+#include "common/parallel.h"
 
 namespace flashattn {
 namespace {
@@ -202,6 +203,7 @@ flashattn_status run_fwd(const Backend& b, const FwdParams& p, const CallContext
     s = fill(ctx, p.o, p.dtype, sh.batch, sh.seqlen_q, sh.nheads_q, sh.headdim, p.o_stride, stream);
     return s != FLASHATTN_SUCCESS ? s : fill_lse(ctx, p.lse, int64_t(sh.batch) * sh.nheads_q * sh.seqlen_q, stream);
   }
+  ScopedHostThreads threads(ctx.num_threads);  // host paths read it in parallel_for
   return with_workspace(b.fwd_workspace(p), workspace, workspace_bytes, ctx.device, stream,
                         [&](void* ws) { return b.fwd(p, ws, stream); });
 }
@@ -220,6 +222,7 @@ flashattn_status run_bwd(const Backend& b, const BwdParams& p, const CallContext
                                   : fill(ctx, p.dv, p.dtype, sh.batch, sh.seqlen_k, sh.nheads_kv, sh.headdim,
                                          p.dv_stride, stream);
   }
+  ScopedHostThreads threads(ctx.num_threads);
   return with_workspace(b.bwd_workspace(p), workspace, workspace_bytes, ctx.device, stream,
                         [&](void* ws) { return b.bwd(p, ws, stream); });
 }

@@ -1,6 +1,7 @@
 #include "api/validate.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -9,6 +10,16 @@
 #include "common/error.h"
 
 namespace flashattn {
+
+// options.num_threads took what was padding before `varlen`: the params structs keep the size
+// and layout that callers built against the earlier header (struct_size stays valid).
+#if UINTPTR_MAX == UINT64_MAX
+static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
+static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && sizeof(flashattn_fwd_params) == 376,
+              "flashattn_fwd_params layout changed");
+static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && sizeof(flashattn_bwd_params) == 664,
+              "flashattn_bwd_params layout changed");
+#endif
 
 size_t dtype_size(flashattn_dtype dtype) {
   switch (dtype) {
@@ -81,8 +92,11 @@ flashattn_status check_options(const flashattn_options& o, CallContext* ctx) {
   }
   if (o.deterministic != 0 && o.deterministic != 1)
     return set_error(kInvalid, "options.deterministic: %d (0 or 1)", o.deterministic);
+  if (o.num_threads < 0)
+    return set_error(kInvalid, "options.num_threads: %d (must be >= 0; 0 = default)", o.num_threads);
   ctx->backend = o.backend;
   ctx->device = o.device;
+  ctx->num_threads = o.num_threads;
   return FLASHATTN_SUCCESS;
 }
 

@@ -15,6 +15,7 @@ struct CallContext {
   bool nothing_to_do;         // every output is empty
   bool no_keys;               // fixed-length seqlen_k == 0 (outputs are zeros / -inf)
   bool no_queries;            // fixed-length seqlen_q == 0 (bwd: dk = dv = 0)
+  int num_threads = 0;        // options.num_threads: host paths' workers, 0 = default
 };
 
 // Passed as `stream` by the workspace-size queries: validate without touching device memory.

@@ -7,7 +7,7 @@
 // key block) and accumulates dK/dV for the whole query-head group in tile registers; pass 3
 // runs over (batch, head, query block) and accumulates dQ by recomputing P and dS. Every
 // output element has exactly one writer and a fixed summation order, so results are bitwise
-// identical run to run and for any thread count (FLASHATTN_NUM_THREADS).
+// identical run to run and for any thread count (options.num_threads, FLASHATTN_NUM_THREADS).
 #pragma once
 
 #include <cstddef>
