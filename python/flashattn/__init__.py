@@ -5,17 +5,42 @@ The PyTorch API is a drop-in for flash_attn 2.x (flash_attn_func and friends). T
 with any torch >= 2.4. Set FLASHATTN_LIBRARY=/path/to/libflashattn.so to use another build.
 
 Without torch, the ctypes layer still imports (version(), compiled_backends(), device_info()).
+
+`flashattn.install_as_flash_attn()` makes `import flash_attn` (and flash_attn.bert_padding,
+flash_attn.layers.rotary) resolve to this package; `flashattn.integrations.transformers.register()`
+plugs it into Hugging Face Transformers.
 """
 
-from ._lib import FlashAttnError, compiled_backends, device_info, library_path
-from ._lib import version as _c_version
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+from . import _lib
+from ._lib import FlashAttnError
+from .dropin import install_as_flash_attn
 
 __version__ = "0.1.0"
 
 
-def version():
+# Typed front ends of the ctypes layer's functions (the public surface is typed; _lib stays untyped).
+def version() -> str:
     """Version of the loaded C library."""
-    return _c_version()
+    return _lib.version()
+
+
+def library_path() -> str:
+    """Path of the loaded libflashattn (loads it if needed)."""
+    return _lib.library_path()
+
+
+def compiled_backends() -> List[str]:
+    """Names of the backends compiled into the loaded library ("reference", "cpu", "sm80", "sm90")."""
+    return _lib.compiled_backends()
+
+
+def device_info(device: int = 0) -> Dict[str, Any]:
+    """Capability of CUDA device `device` as a dict (raises FlashAttnError when there is none)."""
+    return _lib.device_info(device)
 
 
 try:
@@ -37,9 +62,6 @@ if _torch is not None:
     if _tv < (2, 4):
         raise ImportError(f"flashattn needs torch >= 2.4 (torch.library.custom_op); found {_torch.__version__}")
     from .interface import (  # noqa: E402
-        _bench_bwd,
-        _bench_fwd,
-        _flash_attn,
         flash_attn_func,
         flash_attn_kvpacked_func,
         flash_attn_qkvpacked_func,
@@ -49,8 +71,8 @@ if _torch is not None:
     )
 else:  # pragma: no cover
 
-    def _needs_torch(name):
-        def f(*args, **kwargs):
+    def _needs_torch(name: str) -> Callable[..., Any]:
+        def f(*args: Any, **kwargs: Any) -> Any:
             raise ImportError(f"flashattn.{name} needs PyTorch >= 2.4 (pip install torch)")
 
         f.__name__ = name
@@ -59,4 +81,5 @@ else:  # pragma: no cover
     for _n in _TORCH_API:
         globals()[_n] = _needs_torch(_n)
 
-__all__ = _TORCH_API + ["FlashAttnError", "compiled_backends", "device_info", "library_path", "version"]
+__all__ = _TORCH_API + ["FlashAttnError", "compiled_backends", "device_info", "install_as_flash_attn", "library_path",
+                       "version"]

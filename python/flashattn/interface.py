@@ -13,10 +13,25 @@ import math
 import numbers
 import operator
 
+from typing import Optional, Tuple, Union
+
 import torch
+from torch import Tensor
 
 from . import _lib
 from . import _ops  # also registers torch.ops.flashattn.*
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+]
+
+# out, or (out, softmax_lse, None) with return_attn_probs=True.
+_Out = Union[Tensor, Tuple[Tensor, Tensor, None]]
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -152,8 +167,10 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     return out
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim).
 
     nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
@@ -166,8 +183,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                        deterministic=deterministic, return_attn_probs=return_attn_probs)
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False) -> _Out:
     """qkv: (batch, seqlen, 3, nheads, headdim). Returns as flash_attn_func."""
     _check_packed(qkv, "qkv", 5, 2, 3)
     q, k, v = qkv.unbind(dim=2)
@@ -176,8 +195,10 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
                        deterministic=deterministic, return_attn_probs=return_attn_probs)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                             return_attn_probs: bool = False) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
     _check_packed(kv, "kv", 5, 2, 2)
     k, v = kv.unbind(dim=2)
@@ -186,9 +207,12 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                        deterministic=deterministic, return_attn_probs=return_attn_probs)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None) -> _Out:
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
 
     Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Returns out (total_q, nheads,
@@ -200,9 +224,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                        return_attn_probs=return_attn_probs, block_table=block_table)
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: Optional[float] = None, causal: bool = False,
+                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                     return_attn_probs: bool = False) -> _Out:
     """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,)."""
     _check_packed(qkv, "qkv", 4, 1, 3)
     q, k, v = qkv.unbind(dim=1)
@@ -212,9 +238,12 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                        return_attn_probs=return_attn_probs)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                                    softmax_scale: Optional[float] = None, causal: bool = False,
+                                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False) -> _Out:
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
     _check_packed(kv, "kv", 4, 1, 2)
     k, v = kv.unbind(dim=1)
