@@ -36,26 +36,59 @@ constexpr int kNR = 16;  // micro-kernel columns (one zmm / two ymm)
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 // C[m x n] (+)= A[m x k] * B[k x n], row-major with leading dimensions; m % kMR == 0 and
-// n % kNR == 0 (tiles are padded). The kMR x kNR accumulator block stays in registers: one
-// 16-float vector per row (a zmm, two ymm or four xmm, whatever the clone's target has).
+// n % kNR == 0 (tiles are padded). An MR x (NV * 16) accumulator block stays in registers, one
+// or two 16-float vectors per row (a zmm each, or two ymm / four xmm, whatever the clone's
+// target has). Every C element sums over p in order whatever the block shape, so the shape
+// never changes a result.
 #if defined(__GNUC__)
 typedef float VecN __attribute__((vector_size(kNR * sizeof(float))));
 typedef float VecNu __attribute__((vector_size(kNR * sizeof(float)), aligned(4), may_alias));
-FA_INLINE void gemm(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
-                    bool accumulate) {
-  for (int i = 0; i < m; i += kMR) {
-    for (int j = 0; j < n; j += kNR) {
-      VecN acc[kMR];
-      for (int r = 0; r < kMR; ++r)
-        acc[r] = accumulate ? *reinterpret_cast<const VecNu*>(C + (i + r) * ldc + j) : VecN{};
-      const float* a = A + i * lda;
-      for (int p = 0; p < k; ++p) {
-        const VecN b = *reinterpret_cast<const VecNu*>(B + p * ldb + j);
-        for (int r = 0; r < kMR; ++r) acc[r] += a[r * lda + p] * b;
-      }
-      for (int r = 0; r < kMR; ++r) *reinterpret_cast<VecNu*>(C + (i + r) * ldc + j) = acc[r];
+
+template <int MR, int NV>
+FA_INLINE void gemm_block(int k, const float* __restrict A, int lda, const float* __restrict B, int ldb,
+                          float* __restrict C, int ldc, bool accumulate) {
+  VecN acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? *reinterpret_cast<const VecNu*>(C + r * ldc + v * kNR) : VecN{};
+  for (int p = 0; p < k; ++p) {
+    VecN b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const VecNu*>(B + p * ldb + v * kNR);
+    for (int r = 0; r < MR; ++r) {
+      const float a = A[r * lda + p];
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
     }
   }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<VecNu*>(C + r * ldc + v * kNR) = acc[r][v];
+}
+
+// Whether the host runs the AVX-512 clone: 32 zmm registers hold an 8 x 32 block (16 FMA chains,
+// enough to cover the FMA latency on two ports; 4 x 16 had 4). The other clones keep 4 x 16
+// (8 ymm accumulators under AVX2). A wrong guess costs speed only: every clone runs either.
+inline const bool kWideGemm = [] {
+#if defined(__x86_64__) && !defined(__clang__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v4") != 0;
+#else
+  return false;
+#endif
+}();
+
+FA_INLINE void gemm(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                    bool accumulate) {
+  int i = 0;
+  if (kWideGemm) {
+    for (; i + 8 <= m; i += 8) {
+      int j = 0;
+      for (; j + 2 * kNR <= n; j += 2 * kNR)
+        gemm_block<8, 2>(k, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+      for (; j < n; j += kNR) gemm_block<8, 1>(k, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+    }
+  }
+  for (; i < m; i += kMR)
+    for (int j = 0; j < n; j += kNR)
+      gemm_block<kMR, 1>(k, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, accumulate);
 }
 #else
 FA_INLINE void gemm(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
@@ -383,8 +416,11 @@ FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int
     for (int j = 0; j < bn16; ++j) w.pr[size_t(r) * kBlockN + j] = w.dpr[size_t(r) * kBlockN + j] = 0.f;
 }
 
-// Pass 2: dK, dV of key block nb of (b, kvh), summed over the kv head's query-head group.
-FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, int kvh, int nb, BwdScratch& w) {
+// Pass 2: dK, dV of key block nb of (b, kvh), summed over the kv head's query-head group. With
+// `dq` (the whole-head scheme, bwd_head), it also adds dS K into dq[(h - kvh * group) * dq_rows
+// + row][c], so pass 3 need not recompute S and dP.
+FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, int kvh, int nb, BwdScratch& w,
+                                  float* dq = nullptr, int dq_rows = 0) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, group = sh.group_size();
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
@@ -397,7 +433,7 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
   float* dv = w.acc_b.data();
   std::fill(dk, dk + size_t(bn4) * dp, 0.f);
   std::fill(dv, dv + size_t(bn4) * dp, 0.f);
-  load_key_side(p, b, kvh, sb, col0, bn, false, w);
+  load_key_side(p, b, kvh, sb, col0, bn, dq != nullptr, w);
 
   int m_begin, m_end;
   mask.query_block_range(col0, bn, kBlockM, &m_begin, &m_end);
@@ -415,6 +451,9 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
       for (int j = 0; j < bn4; ++j)
         for (int r = 0; r < bm; ++r) t[size_t(j) * kBlockM + r] = j < bn ? w.dpr[size_t(r) * kBlockN + j] : 0.f;
       gemm(bn4, dp, bm, t, kBlockM, w.q.data(), dp, dk, dp, true);
+      if (dq != nullptr)  // dQ += dS K, as bwd_dq_block (same operands, same key block order)
+        gemm(round_up(bm, kMR), dp, bn, w.dpr.data(), kBlockN, w.k.data(), dp,
+             dq + (size_t(h - kvh * group) * dq_rows + row0) * dp, dp, true);
     }
   }
   // dS was taken w.r.t. the natural-log score; d score / d qk = softmax_scale (dtanh applied).
@@ -422,6 +461,27 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
              dk, dp, nullptr, p.mask.softmax_scale);
   store_rows(p.dv, p.dtype, bn, d, [&](int r) { return row_offset(p.dv_stride, b, sb.k_offset, col0 + r, kvh); },
              dv, dp, nullptr, 1.f);
+}
+
+// Passes 2 and 3 in one for all of (b, kvh): key blocks in increasing order, dQ of the head
+// group accumulated in `dq` (group * dq_rows * dp floats). Each dQ element gets the same adds in
+// the same order as from bwd_dq_block (both take the key blocks in increasing order), so the two
+// schemes agree bitwise (up to the sign of an exact zero, where one scheme adds a fully masked
+// tile's +0 products that the other skips); 5 tile GEMMs per tile pair instead of 7.
+FA_CPU_CLONES void bwd_head(const BwdParams& p, const float* Dbuf, int b, int kvh, BwdScratch& w,
+                            std::vector<float>& dq, int dq_rows) {
+  const Shape& sh = p.shape;
+  const int d = sh.headdim, dp = w.dp, group = sh.group_size();
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  std::fill(dq.begin(), dq.end(), 0.f);
+  const int nk = (sb.seqlen_k + kBlockN - 1) / kBlockN;
+  for (int nb = 0; nb < nk; ++nb) bwd_dkdv_block(p, Dbuf, b, kvh, nb, w, dq.data(), dq_rows);
+  for (int g = 0; g < group; ++g) {
+    const int h = kvh * group + g;
+    store_rows(p.dq, p.dtype, sb.seqlen_q, d,
+               [&](int r) { return row_offset(p.dq_stride, b, sb.q_offset, r, h); },
+               dq.data() + size_t(g) * dq_rows * dp, dp, nullptr, p.mask.softmax_scale);
+  }
 }
 
 // Pass 3: dQ of query block mb of (b, h), by recomputation over its key blocks.
@@ -550,6 +610,22 @@ flashattn_status bwd(const BwdParams& p, void* workspace) {
         bwd_d_block(p, Dbuf, bx.first, int(item / nq), bx.second, w);
       });
   if (!err.empty()) return fail("backward", err);
+  // Whole heads per work item when there are enough of them to keep every thread busy (and the
+  // per-thread dQ accumulator stays small): 5 tile GEMMs per tile pair instead of 7.
+  const int dq_rows = round_up(std::max(sh.seqlen_q, 1), kBlockM);
+  const size_t dq_floats = size_t(sh.group_size()) * size_t(dq_rows) * size_t(round_up(sh.headdim, kNR));
+  if (int64_t(sh.batch) * sh.nheads_kv >= 2 * int64_t(host_num_threads()) && dq_floats <= (size_t(64) << 20)) {
+    struct HeadScratch {
+      BwdScratch w;
+      std::vector<float> dq;
+    };
+    err = parallel_for(
+        int64_t(sh.batch) * sh.nheads_kv, [&] { return HeadScratch{BwdScratch(sh.headdim), std::vector<float>(dq_floats)}; },
+        [&](int64_t item, HeadScratch& s) {
+          bwd_head(p, Dbuf, int(item / sh.nheads_kv), int(item % sh.nheads_kv), s.w, s.dq, dq_rows);
+        });
+    return err.empty() ? FLASHATTN_SUCCESS : fail("backward", err);
+  }
   err = parallel_for(
       nk * sh.nheads_kv, [&] { return BwdScratch(sh.headdim); },
       [&](int64_t item, BwdScratch& w) {
