@@ -25,30 +25,35 @@ namespace {
 #define FLASHATTN_SM80_HEADDIMS_STR ""
 #endif
 
-// The head dims instantiated by CMake (FLASHATTN_SM80_HDIM_<d>).
-bool hdim_compiled(int d) {
-  switch (d) {
+// The head dim of the kernel a problem runs on: its own, or the next larger one instantiated by
+// CMake (FLASHATTN_SM80_HDIM_<d>), which zero-fills the columns past the tensors' head dim
+// and never stores them. 0 when none fits or the head dim is not a multiple of 8 (16-byte
+// cp.async chunks; validate.cpp refuses those for device paths, the Python layer pads them).
+int kernel_headdim(int d) {
+  static constexpr int kCompiled[] = {
 #if defined(FLASHATTN_SM80_HDIM_32)
-    case 32:
+      32,
 #endif
 #if defined(FLASHATTN_SM80_HDIM_64)
-    case 64:
+      64,
 #endif
 #if defined(FLASHATTN_SM80_HDIM_96)
-    case 96:
+      96,
 #endif
 #if defined(FLASHATTN_SM80_HDIM_128)
-    case 128:
+      128,
 #endif
 #if defined(FLASHATTN_SM80_HDIM_192)
-    case 192:
+      192,
 #endif
 #if defined(FLASHATTN_SM80_HDIM_256)
-    case 256:
+      256,
 #endif
-      return true;
-    default: return false;
-  }
+      0};
+  if (d <= 0 || d % 8 != 0) return 0;
+  for (int k : kCompiled)
+    if (k >= d) return k;
+  return 0;
 }
 
 const char* unsupported(flashattn_dtype dtype, int headdim) {
@@ -57,9 +62,13 @@ const char* unsupported(flashattn_dtype dtype, int headdim) {
     std::snprintf(msg, sizeof(msg), "dtype: the sm80 path supports fp16 and bf16 only (got dtype %d)", int(dtype));
     return msg;
   }
-  if (!hdim_compiled(headdim)) {
-    std::snprintf(msg, sizeof(msg), "headdim %d is not compiled for sm80 (compiled: %s)", headdim,
-                  FLASHATTN_SM80_HEADDIMS_STR);
+  if (kernel_headdim(headdim) == 0) {
+    if (headdim % 8 != 0)
+      std::snprintf(msg, sizeof(msg), "headdim %d: sm80 needs a multiple of 8 (16-byte loads; pad the head dim)",
+                    headdim);
+    else
+      std::snprintf(msg, sizeof(msg), "headdim %d is larger than every head dim compiled for sm80 (compiled: %s)",
+                    headdim, FLASHATTN_SM80_HEADDIMS_STR);
     return msg;
   }
   return nullptr;
@@ -79,7 +88,7 @@ flashattn_status check_device() {
 
 template <typename Element>
 flashattn_status fwd_typed(const FwdParams& p, cudaStream_t stream) {
-  switch (p.shape.headdim) {
+  switch (kernel_headdim(p.shape.headdim)) {
 #if defined(FLASHATTN_SM80_HDIM_32)
     case 32: return run_fwd<Element, 32>(p, stream);
 #endif
@@ -105,7 +114,7 @@ flashattn_status fwd_typed(const FwdParams& p, cudaStream_t stream) {
 
 template <typename Element>
 flashattn_status bwd_typed(const BwdParams& p, void* ws, cudaStream_t stream) {
-  switch (p.shape.headdim) {
+  switch (kernel_headdim(p.shape.headdim)) {
 #if defined(FLASHATTN_SM80_HDIM_32)
     case 32: return run_bwd<Element, 32>(p, ws, stream);
 #endif
@@ -132,7 +141,10 @@ flashattn_status bwd_typed(const BwdParams& p, void* ws, cudaStream_t stream) {
 const char* fwd_unsupported(const FwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
 const char* bwd_unsupported(const BwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
 size_t fwd_workspace(const FwdParams&) { return 0; }
-size_t bwd_workspace(const BwdParams& p) { return bwd_workspace_layout(p).total; }
+size_t bwd_workspace(const BwdParams& p) {
+  const int kd = kernel_headdim(p.shape.headdim);
+  return kd > 0 ? bwd_workspace_layout(p, kd).total : 0;
+}
 
 flashattn_status fwd(const FwdParams& p, void* /*workspace*/, void* stream) {
   if (const char* why = fwd_unsupported(p)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);

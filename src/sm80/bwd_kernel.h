@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t w = base + r * groups + group;
-      if (w < total && lane < kChunks) {
+      if (w < total && lane < kChunks && lane * 8 < p.shape.headdim) {  // columns past the head dim: 0
         const int64_t qrow = w / p.shape.nheads_q;
         const int h = int(w % p.shape.nheads_q);
         o[r] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.o) +
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(Kt::kNThreads) bwd_postprocess_kernel(const Bw
   constexpr int kChunksPerRow = kHeadDim / 8;
   for (int c = threadIdx.x; c < kBlockM * kChunksPerRow; c += Kt::kNThreads) {
     const int row = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-    if (row < valid_rows)
+    if (row < valid_rows && col < p.shape.headdim)
       *reinterpret_cast<uint4*>(dq + row * p.dq_stride.row + col) =
           *reinterpret_cast<const uint4*>(&tile_smem[row * kRowElems + col]);
   }
@@ -235,6 +235,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   int m_begin = 0, m_end = 0;
   mask.query_block_range(n0, kBlockN, kBlockM, &m_begin, &m_end);
   const int valid_cols = min(kBlockN, sb.seqlen_k - n0);
+  const int d = p.shape.headdim;  // <= kHeadDim: the columns past it are zero-filled, never stored
   const int group = p.shape.group_size();
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t qrow0 = varlen ? sb.q_offset : int64_t(b) * p.shape.seqlen_q;  // packed row of query row 0
@@ -279,8 +280,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
                             make_stride(p.k_stride.row, _1{}));
     Tensor gV = make_tensor(make_gmem_ptr(v_ptr), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                             make_stride(p.v_stride.row, _1{}));
-    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK), tKsK, tKVcKV, valid_cols);
-    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tVsV, tKVcKV, valid_cols);
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gK), tKsK, tKVcKV, valid_cols, d);
+    copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tVsV, tKVcKV, valid_cols, d);
   }
 
   // The CTA walks (query head of its GQA group, query block) pairs, head-major; `it` indexes them.
@@ -305,12 +306,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     Tensor tQsQ_s = tQsQ, tdOsdO_s = tdOsdO;
     tQsQ_s.data() = tQsQ_s.data() + stage * kQdOStageElems;
     tdOsdO_s.data() = tdOsdO_s.data() + stage * kQdOStageElems;
-    if (valid_rows == kBlockM) {  // a whole block (uniform): no row tests, no zero-fill code
+    if (valid_rows == kBlockM && d == kHeadDim) {  // a whole block (uniform): no row tests, no zero-fill code
       cute::copy(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s);
       cute::copy(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s);
     } else {
-      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, valid_rows);
-      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s, tQcQ, valid_rows);
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, valid_rows, d);
+      copy_rows(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tdOsdO_s, tQcQ, valid_rows, d);
     }
     if (tidx < 2 * kBlockM) {
       const int row = tidx % kBlockM;
@@ -539,8 +540,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   Tensor acc_dv_rc = make_tensor(acc_dv.data(), acc_rowcol(acc_dv.layout()));
   Element* dk_ptr = static_cast<Element*>(p.dk) + row_offset(p.dk_stride, b, sb.k_offset, n0, hk);
   Element* dv_ptr = static_cast<Element*>(p.dv) + row_offset(p.dv_stride, b, sb.k_offset, n0, hk);
-  store_acc_rows<Element>(acc_dk_rc, tdKVcdKV_rc, dk_ptr, p.dk_stride.row, valid_cols, p.mask.softmax_scale);
-  store_acc_rows<Element>(acc_dv_rc, tdKVcdKV_rc, dv_ptr, p.dv_stride.row, valid_cols, 1.f);
+  store_acc_rows<Element>(acc_dk_rc, tdKVcdKV_rc, dk_ptr, p.dk_stride.row, valid_cols, d, p.mask.softmax_scale);
+  store_acc_rows<Element>(acc_dv_rc, tdKVcdKV_rc, dv_ptr, p.dv_stride.row, valid_cols, d, 1.f);
 }
 
 }  // namespace flashattn::sm80

@@ -43,6 +43,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   int n_begin = 0, n_end = 0;
   mask.key_block_range(m0, kBlockM, kBlockN, &n_begin, &n_end);
   const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
+  const int d = p.shape.headdim;  // <= kHeadDim: the columns past it are zero-filled, never stored
+  const bool all_cols = d == kHeadDim;
 
   const Element* q_ptr = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, m0, h);
   Element* o_ptr = static_cast<Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, m0, h);
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 
   if (n_begin >= n_end) {  // every row of the block is fully masked: O = 0, LSE = -inf
     clear(acc_o);
-    store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, 1.f);
+    store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, d, 1.f);
     if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
@@ -131,8 +133,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   // Prologue: Q and the last K tile (blocks are visited last to first, so only the first
   // visited block can be partial at the end of the sequence).
   int n_block = n_last;
-  copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows);
-  copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN);
+  copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
+  copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -152,9 +154,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       cute::cp_async_wait<0>();
       __syncthreads();  // K[n] landed; every warp is done with V[n+1]
       if (n_block == n_last) {  // the only block that can end past the sequence
-        copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0);
+        copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
       } else {
-        cute::copy(gmem_tiled_copy, tVgV, tVsV);
+        copy_full_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, d, all_cols);
       }
       cute::cp_async_fence();
       tVgV.data() = tVgV.data() + (-kBlockN * vs);
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       __syncthreads();  // V[n] landed; every warp is done with K[n]
       if (n_block > n_begin) {  // K[n - 1]: a whole block
         tKgK.data() = tKgK.data() + (-kBlockN * ks);
-        cute::copy(gmem_tiled_copy, tKgK, tKsK);
+        copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
         cute::cp_async_fence();
       }
 
@@ -290,7 +292,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
     for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= inv;
   }
-  store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, 1.f);
+  store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, d, 1.f);
   if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
 #pragma unroll
     for (int mi = 0; mi < kRows; ++mi) {

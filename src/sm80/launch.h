@@ -39,13 +39,14 @@ struct BwdWorkspaceLayout {
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
+// kernel_headdim: the kernel's (the dQ accumulator's row width), >= the tensors' head dim.
+inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p, int kernel_headdim) {
   BwdWorkspaceLayout l;
   const flashattn::Shape& s = p.shape;
   l.num_m_blocks = (s.seqlen_q + kBwdMinBlockM - 1) / kBwdMinBlockM;
   l.dq_accum = 0;
   const size_t dq_rows = size_t(dq_accum_rows(s.total_q, s.batch, kBwdMaxBlockM));  // tiles padded per sequence
-  l.dsum = align256(dq_rows * s.nheads_q * s.headdim * sizeof(float));
+  l.dsum = align256(dq_rows * s.nheads_q * kernel_headdim * sizeof(float));
   l.semaphores = l.dsum + align256(size_t(s.total_q) * s.nheads_q * sizeof(float));
   l.sem_bytes = p.deterministic ? size_t(s.batch) * s.nheads_q * l.num_m_blocks * sizeof(int) : 0;
   l.total = l.semaphores + align256(l.sem_bytes);

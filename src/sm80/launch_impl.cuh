@@ -141,7 +141,7 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
 
-  const BwdWorkspaceLayout l = bwd_workspace_layout(p);
+  const BwdWorkspaceLayout l = bwd_workspace_layout(p, kHeadDim);
   char* base = static_cast<char*>(workspace);
   static_assert(Kt::kBlockM <= kBwdMaxBlockM);
   BwdWorkspace ws;

@@ -2,6 +2,8 @@
 // mma.sync accumulators, smem->register pipelined GEMMs, predicated tile loads, conversions.
 #pragma once
 
+#include <climits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -100,21 +102,37 @@ __device__ __forceinline__ void gemm_rs(Acc& acc, TA const& tCrA, TB& tCrB, TsB 
   }
 }
 
-// Global -> smem tile copy (cp.async) of rows [0, valid_rows); rows past the end are zero-filled
-// so that no garbage (possibly NaN) from beyond the sequence reaches an MMA.
+// Global -> smem tile copy (cp.async) of rows [0, valid_rows) and columns [0, valid_cols); rows
+// past the end are zero-filled so that no garbage (possibly NaN) from beyond the sequence
+// reaches an MMA, and so are columns past the tensors' head dim (a head dim without its own
+// kernel runs on the next larger one: zero columns add nothing to Q K^T, dO V^T, and the
+// extra output columns are never stored). valid_cols is a multiple of 8, so each 16-byte
+// chunk is wholly in or out.
 // S, D: (CPY, CPY_M, CPY_K); C: identity coordinates partitioned the same way.
 template <typename TiledCopy, typename TS, typename TD, typename TC>
 __device__ __forceinline__ void copy_rows(TiledCopy const& tiled_copy, TS const& S, TD& D, TC const& C,
-                                          int valid_rows) {
+                                          int valid_rows, int valid_cols) {
 #pragma unroll
   for (int m = 0; m < size<1>(S); ++m) {
     if (get<0>(C(0, m, 0)) < valid_rows) {
 #pragma unroll
-      for (int k = 0; k < size<2>(S); ++k) cute::copy(tiled_copy, S(_, m, k), D(_, m, k));
+      for (int k = 0; k < size<2>(S); ++k) {
+        if (get<1>(C(0, m, k)) < valid_cols) cute::copy(tiled_copy, S(_, m, k), D(_, m, k));
+        else cute::clear(D(_, m, k));
+      }
     } else {
       cute::clear(D(_, m, _));
     }
   }
+}
+
+// A tile with every row valid: the plain copy when every column is too (the kernel's own head
+// dim, uniform), else copy_rows' column predicate.
+template <typename TiledCopy, typename TS, typename TD, typename TC>
+__device__ __forceinline__ void copy_full_rows(TiledCopy const& tiled_copy, TS const& S, TD& D, TC const& C,
+                                               int valid_cols, bool all_cols) {
+  if (all_cols) cute::copy(tiled_copy, S, D);
+  else copy_rows(tiled_copy, S, D, C, INT_MAX, valid_cols);
 }
 
 template <typename T>
@@ -139,10 +157,11 @@ __device__ __forceinline__ void named_barrier_sync() {
 }
 
 // Stores a fp32 accumulator tile (rows x cols, coordinates from `coord`) as Element pairs to
-// gmem rows [0, valid_rows). The two values of a pair are adjacent columns (m16n8 C layout).
+// gmem rows [0, valid_rows), columns [0, valid_cols) (the tensors' head dim, even). The two
+// values of a pair are adjacent columns (m16n8 C layout).
 template <typename Element, typename Acc, typename Coord>
 __device__ __forceinline__ void store_acc_rows(Acc const& acc_rc, Coord const& coord_rc, Element* base,
-                                               int64_t row_stride, int valid_rows, float scale) {
+                                               int64_t row_stride, int valid_rows, int valid_cols, float scale) {
   using P2 = Pack2<Element>;
 #pragma unroll
   for (int mi = 0; mi < size<0>(acc_rc); ++mi) {
@@ -151,6 +170,7 @@ __device__ __forceinline__ void store_acc_rows(Acc const& acc_rc, Coord const& c
 #pragma unroll
     for (int ni = 0; ni < size<1>(acc_rc); ni += 2) {
       const int col = get<1>(coord_rc(mi, ni));
+      if (col >= valid_cols) continue;
       *reinterpret_cast<typename P2::type*>(base + row * row_stride + col) =
           P2::make(acc_rc(mi, ni) * scale, acc_rc(mi, ni + 1) * scale);
     }

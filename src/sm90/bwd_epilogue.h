@@ -18,8 +18,8 @@ namespace flashattn::sm90 {
 // acc (rowcol view, fp32) * scale -> rows [0, row_limit) of `out` (row-major, head dim
 // contiguous): each quad writes 2 adjacent columns (4 bytes) per column group.
 template <class Element, class TensorAcc, class TensorCoord>
-__device__ __forceinline__ void store_rows(Element* out, int64_t row_stride, int row_limit, const TensorAcc& acc,
-                                           const TensorCoord& coord, float scale) {
+__device__ __forceinline__ void store_rows(Element* out, int64_t row_stride, int row_limit, int col_limit,
+                                           const TensorAcc& acc, const TensorCoord& coord, float scale) {
   using namespace cute;
 #pragma unroll
   for (int r = 0; r < size<0>(acc); ++r) {
@@ -27,7 +27,8 @@ __device__ __forceinline__ void store_rows(Element* out, int64_t row_stride, int
     if (i >= row_limit) continue;
     Element* orow = out + int64_t(i) * row_stride;
 #pragma unroll
-    for (int c = 0; c < size<1>(acc); c += 2) {  // (c, c+1) are adjacent columns
+    for (int c = 0; c < size<1>(acc); c += 2) {  // (c, c+1) are adjacent columns; col_limit is even
+      if (get<1>(coord(r, c)) >= col_limit) continue;
       const uint32_t lo = Element(acc(r, c) * scale).raw(), hi = Element(acc(r, c + 1) * scale).raw();
       *reinterpret_cast<uint32_t*>(orow + get<1>(coord(r, c))) = lo | (hi << 16);
     }
@@ -59,17 +60,18 @@ struct BwdEpilogue {
     void* dv;
     RowStrides dk_stride, dv_stride;
     float softmax_scale;
+    int headdim;  // the tensors' (<= kD)
     bool varlen;
   };
   static Params to_params(const BwdParams& p) {
     const Shape& s = p.shape;
     const TmaExtents e = TmaExtents::of(p);
     auto gmem = [&](void* ptr, const RowStrides& st) {
-      return tma_gmem_tensor(static_cast<Element*>(ptr), e.rows_k, kD, s.nheads_kv, e.batch, st);
+      return tma_gmem_tensor(static_cast<Element*>(ptr), e.rows_k, s.headdim, s.nheads_kv, e.batch, st);  // clips
     };
     return {make_tma_store(gmem(p.dk, p.dk_stride)), make_tma_store(gmem(p.dv, p.dv_stride)),
-            ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch), p.dk, p.dv, p.dk_stride, p.dv_stride,
-            p.mask.softmax_scale, p.cu_seqlens_k != nullptr};
+            ShapeQKV(e.rows_k, s.headdim, s.nheads_kv, e.batch), p.dk, p.dv, p.dk_stride, p.dv_stride,
+            p.mask.softmax_scale, s.headdim, p.cu_seqlens_k != nullptr};
   }
 
   template <class TensorAcc>
@@ -84,9 +86,10 @@ struct BwdEpilogue {
       const int rows = seq.seqlen_k - row0;
       Element* dk_out = static_cast<Element*>(ep.dk) + row_offset(ep.dk_stride, batch, seq.k_offset, row0, kv_head);
       Element* dv_out = static_cast<Element*>(ep.dv) + row_offset(ep.dv_stride, batch, seq.k_offset, row0, kv_head);
-      store_rows(dk_out, ep.dk_stride.row, rows, make_tensor(dk.data(), acc_rowcol(dk.layout())), coord,
+      store_rows(dk_out, ep.dk_stride.row, rows, ep.headdim, make_tensor(dk.data(), acc_rowcol(dk.layout())), coord,
                  ep.softmax_scale);
-      store_rows(dv_out, ep.dv_stride.row, rows, make_tensor(dv.data(), acc_rowcol(dv.layout())), coord, 1.f);
+      store_rows(dv_out, ep.dv_stride.row, rows, ep.headdim, make_tensor(dv.data(), acc_rowcol(dv.layout())), coord,
+                 1.f);
       return;
     }
     named_barrier_sync(kBwdBarrierEpilogue, Traits::kNumMmaThreads);  // K and V no longer read

@@ -41,8 +41,34 @@ BwdEntry pick(flashattn_dtype dt) {
           &bwd_workspace_bytes<D>, BwdTraits<D, cutlass::bfloat16_t>::kDqBulkReduce};
 }
 
+// As the forward's kernel_headdim (launch.cu): the smallest compiled head dim >= headdim, for
+// a multiple of 8; 0 when none.
+int bwd_kernel_headdim(int headdim) {
+  static constexpr int kCompiled[] = {
+#if defined(FLASHATTN_SM90_BWD_HDIM_64)
+      64,
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_96)
+      96,
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_128)
+      128,
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_192)
+      192,
+#endif
+#if defined(FLASHATTN_SM90_BWD_HDIM_256)
+      256,
+#endif
+      0};
+  if (headdim <= 0 || headdim % 8 != 0) return 0;
+  for (int k : kCompiled)
+    if (k >= headdim) return k;
+  return 0;
+}
+
 BwdEntry find_bwd(int headdim, flashattn_dtype dt) {
-  switch (headdim) {
+  switch (bwd_kernel_headdim(headdim)) {
 #if defined(FLASHATTN_SM90_BWD_HDIM_64)
     case 64: return pick<64>(dt);
 #endif
@@ -70,14 +96,14 @@ const char* bwd_unsupported(const BwdParams& p) {
     return "dtype: only fp16 and bf16 are supported by sm90";
   const BwdEntry e = find_bwd(p.shape.headdim, p.dtype);
   if (e.launch == nullptr) {
-    std::snprintf(msg, sizeof(msg), "headdim %d has no sm90 backward in this build (compiled: %s)", p.shape.headdim,
-                  FLASHATTN_SM90_BWD_HEADDIMS_STR);
+    std::snprintf(msg, sizeof(msg), "headdim %d has no sm90 backward in this build (compiled: %s%s)", p.shape.headdim,
+                  FLASHATTN_SM90_BWD_HEADDIMS_STR, p.shape.headdim % 8 != 0 ? "; needs a multiple of 8" : "");
     return msg;
   }
   // Its dQ is added by atomics from registers (no smem left for the ordered bulk reduce).
   if (p.deterministic && !e.ordered_dq) {
-    std::snprintf(msg, sizeof(msg), "deterministic: the sm90 backward at headdim %d is not deterministic (sm80's is)",
-                  p.shape.headdim);
+    std::snprintf(msg, sizeof(msg), "deterministic: the sm90 backward at headdim %d (kernel %d) is not deterministic "
+                  "(sm80's is)", p.shape.headdim, bwd_kernel_headdim(p.shape.headdim));
     return msg;
   }
   const Shape& sh = p.shape;

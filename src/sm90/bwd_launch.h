@@ -17,7 +17,7 @@ namespace flashattn::sm90 {
 
 template <int kHeadDim>
 size_t bwd_workspace_bytes(const BwdParams& p) {
-  return bwd_workspace_layout(p, BwdTileConfig<kHeadDim>::kBlockM, nullptr, nullptr);
+  return bwd_workspace_layout(p, BwdTileConfig<kHeadDim>::kBlockM, kHeadDim, nullptr, nullptr);
 }
 
 template <int kHeadDim, class Element>
@@ -34,7 +34,7 @@ flashattn_status launch_bwd(const BwdParams& p, void* workspace, cudaStream_t st
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "shape: batch %d x heads %d exceed the sm90 backward grid",
                      s.batch, s.nheads_q);
   BwdWorkspace ws;
-  bwd_workspace_layout(p, kBlockM, workspace, &ws);
+  bwd_workspace_layout(p, kBlockM, kHeadDim, workspace, &ws);
 
   const int num_m = (s.seqlen_q + kBlockM - 1) / kBlockM;  // varlen: max_seqlen_q
   const int num_n = (s.seqlen_k + kBlockN - 1) / kBlockN;

@@ -120,15 +120,15 @@ struct BwdMainloop {
     const Shape& s = p.shape;
     const TmaExtents e = TmaExtents::of(p);
     auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
-      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, kD, heads, e.batch, st);
+      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, s.headdim, heads, e.batch, st);  // zero fill past it
     };
     const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
     return {make_tma_load(gmem(p.q, e.rows_q, s.nheads_q, p.q_stride), smem_q, TileQ{}),
             make_tma_load(gmem(p.dout, e.rows_q, s.nheads_q, p.dout_stride), smem_q, TileQ{}),
             make_tma_load(gmem(p.k, e.rows_k, s.nheads_kv, p.k_stride), typename Traits::SmemLayoutK{}, TileKV{}),
             make_tma_load(gmem(p.v, e.rows_k, s.nheads_kv, p.v_stride), typename Traits::SmemLayoutV{}, TileKV{}),
-            ShapeQKV(e.rows_q, kD, s.nheads_q, e.batch),
-            ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch),
+            ShapeQKV(e.rows_q, s.headdim, s.nheads_q, e.batch),
+            ShapeQKV(e.rows_k, s.headdim, s.nheads_kv, e.batch),
             p,
             ws};
   }

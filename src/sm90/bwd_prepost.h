@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(128) bwd_preprocess_kernel(const BwdParams p, 
       const Element* orow = o + int64_t(i) * p.o_stride.row;
       const Element* drow = dout + int64_t(i) * p.dout_stride.row;
 #pragma unroll
-      for (int c = 2 * lane; c < kHeadDim; c += 64) {
+      for (int c = 2 * lane; c < p.shape.headdim; c += 64) {  // the tensors' head dim (<= kHeadDim, even)
         d += float(orow[c]) * float(drow[c]) + float(orow[c + 1]) * float(drow[c + 1]);
       }
 #pragma unroll
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(Traits::kNumMmaThreads) bwd_postprocess_kernel
   Tensor cdQ = thr_mma.partition_C(make_identity_tensor(cute::Shape<Int<kBlockM>, Int<kD>>{}));
   using Element = typename Traits::Element;
   Element* out = static_cast<Element*>(p.dq) + row_offset(p.dq_stride, b, sb.q_offset, row0, h);
-  store_rows(out, p.dq_stride.row, sb.seqlen_q - row0, make_tensor(acc.data(), acc_rowcol(acc.layout())),
+  store_rows(out, p.dq_stride.row, sb.seqlen_q - row0, p.shape.headdim, make_tensor(acc.data(), acc_rowcol(acc.layout())),
              make_tensor(cdQ.data(), acc_rowcol(cdQ.layout())), p.mask.softmax_scale);
 }
 

@@ -34,14 +34,15 @@ struct BwdWorkspace {
 inline size_t bwd_align256(size_t x) { return (x + 255) & ~size_t(255); }
 
 // Sizes (bytes) of the workspace for one call; `base` null gives just the total.
-inline size_t bwd_workspace_layout(const BwdParams& p, int block_m, void* base, BwdWorkspace* ws) {
+// kernel_headdim: the kernel's (the accumulator's row width), >= the tensors' head dim.
+inline size_t bwd_workspace_layout(const BwdParams& p, int block_m, int kernel_headdim, void* base, BwdWorkspace* ws) {
   const Shape& s = p.shape;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t total_q = varlen ? s.total_q : int64_t(s.batch) * s.seqlen_q;
   const int64_t tiles = (dq_accum_rows(total_q, s.batch, block_m) + block_m - 1) / block_m;
   const int64_t all_tiles = tiles * s.nheads_q;
   const size_t stat_bytes = bwd_align256(size_t(all_tiles) * block_m * sizeof(float));
-  const size_t dq_bytes = bwd_align256(size_t(all_tiles) * block_m * s.headdim * sizeof(float));
+  const size_t dq_bytes = bwd_align256(size_t(all_tiles) * block_m * kernel_headdim * sizeof(float));
   const size_t sem_bytes = p.deterministic ? bwd_align256(size_t(all_tiles) * sizeof(int)) : 0;
   if (ws != nullptr) {
     char* b = static_cast<char*>(base);

@@ -77,10 +77,11 @@ struct Epilogue {
   static Params to_params(const FwdParams& f) {
     const TmaExtents e = TmaExtents::of(f);
     Params p{};
-    p.shape_o = ShapeQKV(e.rows_q, kD, f.shape.nheads_q, e.batch);
+    // O's own head dim (<= kD): the TMA store clips the columns past it.
+    p.shape_o = ShapeQKV(e.rows_q, f.shape.headdim, f.shape.nheads_q, e.batch);
     if constexpr (kTmaStoreO)  // hdim 192/256 store O from registers: no descriptor to encode
-      p.tma_o = make_tma_store_o<Traits>(
-          tma_gmem_tensor(static_cast<Element*>(f.o), e.rows_q, kD, f.shape.nheads_q, e.batch, f.o_stride));
+      p.tma_o = make_tma_store_o<Traits>(tma_gmem_tensor(static_cast<Element*>(f.o), e.rows_q, f.shape.headdim,
+                                                         f.shape.nheads_q, e.batch, f.o_stride));
     return p;
   }
 
@@ -153,19 +154,22 @@ struct Epilogue {
     }
   }
 
-  // Each quad writes 16 contiguous bytes of a row per column group; rows >= seqlen_q are skipped.
+  // Each quad writes 16 contiguous bytes of a row per column group; rows >= seqlen_q and
+  // columns >= the tensor's head dim (a smaller head dim on this kernel) are skipped.
   template <class TensorO, class TensorC>
   __device__ static void store_direct(const FwdParams& p, const TileCoord& t, const TileWork& w, TensorO& o,
                                       const TensorC& cO, int row0) {
     using namespace cute;
     Element* out = static_cast<Element*>(p.o) + row_offset(p.o_stride, t.batch, w.seq.q_offset, 0, t.head);
+    const int d = p.shape.headdim;
 #pragma unroll
     for (int r = 0; r < size<0>(o); ++r) {
       const int i = row0 + get<0>(cO(r, 0));
       if (i >= w.seq.seqlen_q) continue;
       Element* orow = out + int64_t(i) * p.o_stride.row;
 #pragma unroll
-      for (int c = 0; c < size<1>(o); c += 2) {  // (c, c+1) are adjacent columns
+      for (int c = 0; c < size<1>(o); c += 2) {  // (c, c+1) are adjacent columns; d is even
+        if (get<1>(cO(r, c)) >= d) continue;
         const uint32_t lo = Element(o(r, c)).raw(), hi = Element(o(r, c + 1)).raw();
         *reinterpret_cast<uint32_t*>(orow + get<1>(cO(r, c))) = lo | (hi << 16);
       }

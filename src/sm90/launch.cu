@@ -73,8 +73,36 @@ LaunchFn pick(flashattn_dtype dt) {
   return pick_dtype<D, Schedule<>>(dt);
 }
 
+// The head dim of the kernel a problem runs on: its own, or the next larger compiled one (the
+// TMA loads zero-fill the columns past the tensors' head dim and the stores clip them). 0 when
+// none fits, or the head dim is not a multiple of 8 (TMA needs 16-byte rows; the Python layer
+// pads those, as flash_attn does).
+int kernel_headdim(int headdim) {
+  static constexpr int kCompiled[] = {
+#if defined(FLASHATTN_SM90_HDIM_64)
+      64,
+#endif
+#if defined(FLASHATTN_SM90_HDIM_96)
+      96,
+#endif
+#if defined(FLASHATTN_SM90_HDIM_128)
+      128,
+#endif
+#if defined(FLASHATTN_SM90_HDIM_192)
+      192,
+#endif
+#if defined(FLASHATTN_SM90_HDIM_256)
+      256,
+#endif
+      0};
+  if (headdim <= 0 || headdim % 8 != 0) return 0;
+  for (int k : kCompiled)
+    if (k >= headdim) return k;
+  return 0;
+}
+
 LaunchFn find_launch(int headdim, flashattn_dtype dt) {
-  switch (headdim) {
+  switch (kernel_headdim(headdim)) {
 #if defined(FLASHATTN_SM90_HDIM_64)
     case 64: return pick<64>(dt);
 #endif
@@ -99,8 +127,12 @@ const char* fwd_unsupported(const FwdParams& p) {
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
     return "dtype: only fp16 and bf16 are supported by sm90";
   if (find_launch(p.shape.headdim, p.dtype) == nullptr) {
-    std::snprintf(msg, sizeof(msg), "headdim %d is not compiled for sm90 (compiled: %s)", p.shape.headdim,
-                  FLASHATTN_SM90_HEADDIMS_STR);
+    if (p.shape.headdim % 8 != 0)
+      std::snprintf(msg, sizeof(msg), "headdim %d: sm90 needs a multiple of 8 (16-byte rows for TMA; pad the head dim)",
+                    p.shape.headdim);
+    else
+      std::snprintf(msg, sizeof(msg), "headdim %d is larger than every head dim compiled for sm90 (compiled: %s)",
+                    p.shape.headdim, FLASHATTN_SM90_HEADDIMS_STR);
     return msg;
   }
   const flashattn::Shape& sh = p.shape;

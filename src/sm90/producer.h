@@ -70,13 +70,15 @@ struct Producer {
   static Params to_params(const FwdParams& f) {
     const flashattn::Shape& s = f.shape;
     const TmaExtents e = TmaExtents::of(f);
+    // The tensors' own head dim (<= kD): a head dim without its own kernel runs on the next
+    // larger one, and TMA zero-fills the columns past it, so they add nothing to Q K^T.
     auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
-      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, kD, heads, e.batch, st);
+      return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, s.headdim, heads, e.batch, st);
     };
     return Params{make_tma_load_q<Traits>(gmem(f.q, e.rows_q, s.nheads_q, f.q_stride)),
                   make_tma_load_kv<Traits>(gmem(f.k, e.rows_k, s.nheads_kv, f.k_stride)),
                   make_tma_load_kv<Traits>(gmem(f.v, e.rows_k, s.nheads_kv, f.v_stride)),
-                  ShapeQKV(e.rows_q, kD, s.nheads_q, e.batch), ShapeQKV(e.rows_k, kD, s.nheads_kv, e.batch)};
+                  ShapeQKV(e.rows_q, s.headdim, s.nheads_q, e.batch), ShapeQKV(e.rows_k, s.headdim, s.nheads_kv, e.batch)};
   }
 
   // One thread, before the first load.

@@ -236,6 +236,42 @@ std::vector<GridCase> grid_cases() {
       c.causal = (d / 32) % 2 == (dt == F16 ? 0 : 1);
       v.push_back({"hdim" + std::to_string(d) + (dt == F16 ? "_fp16" : "_bf16") + (c.causal ? "_causal" : ""), c});
     }
+  // Head dims without their own kernel run on the next larger one (zero-filled columns, stores
+  // clipped to the real head dim): every multiple of 8 between the compiled ones that models use.
+  const int padded_dims[] = {16, 40, 80, 112, 160, 224};
+  for (int d : padded_dims)
+    for (auto dt : {F16, B16}) {
+      Case c = base(d, dt, 2, 203, 151, 4, 2);
+      c.causal = (d / 8) % 2 == (dt == F16 ? 0 : 1);
+      v.push_back({"hdim" + std::to_string(d) + (dt == F16 ? "_fp16" : "_bf16") + (c.causal ? "_causal" : ""), c});
+    }
+  {
+    Case c = base(80, B16, 1, 64, 64, 4, 1);
+    c.seqlens_q = {65, 1, 190, 0, 113};  // varlen slices that end past their sequence: register stores
+    c.seqlens_k = {65, 77, 190, 5, 0};
+    c.window_left = 16;
+    c.window_right = 8;
+    c.softcap = 20.f;
+    v.push_back({"hdim80_varlen_window_softcap", c});
+  }
+  {
+    Case c = base(160, F16, 2, 129, 64, 2, 1);
+    c.layout = Layout::kPadded;  // the padding between heads and rows must stay untouched
+    c.causal = true;
+    v.push_back({"hdim160_padded_layout", c});
+  }
+  {
+    // sm90: unmasked from 8k keys on the hdim 128 kernel: the 176-key block, O stored from registers.
+    Case c = base(112, B16, 1, 203, 8291, 4, 2);
+    v.push_back({"hdim112_gqa_203x8291_keys", c});
+  }
+  {
+    Case c = base(224, F16, 1, 64, 64, 2, 1);
+    c.seqlens_q = {200, 65, 130, 1};
+    c.seqlens_k = {150, 300, 64, 7};
+    c.causal = true;
+    v.push_back({"hdim224_varlen_causal", c});
+  }
   {
     Case c = base(128, F16, 2, 113, 113, 2, 2);
     v.push_back({"tiny_mha_113", c});
