@@ -17,7 +17,7 @@
 
 namespace flashattn::cpu {
 
-constexpr int kBlockM = 64;  // query rows per tile
+constexpr int kBlockM = 128;  // query rows per tile
 constexpr int kBlockN = 64;  // keys per tile
 
 flashattn_status fwd(const FwdParams& p);
