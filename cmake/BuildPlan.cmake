@@ -157,9 +157,10 @@ if(FLASHATTN_CUDA)
     list(APPEND _fa_paths "Hopper sm90a path")
   endif()
   list(JOIN _fa_paths " + " _fa_paths)
-  # About 40 s of one core per kernel file and SASS target, plus ~1.5 min for the longest files
-  # at the end: rough (x86 build hosts); ninja runs nproc+2 compilations at once.
-  math(EXPR _fa_min "(${_fa_units} * 40 / ${_fa_cores} + 90 + 59) / 60")
+  # About 30 s of one core per kernel file and SASS target (20-25 s measured at head dim 128 on a
+  # 2-core x86 CI box; larger head dims take longer), plus ~1.5 min for the longest files at the
+  # end, when fewer than all cores are busy: rough. Ninja runs nproc+2 compilations at once.
+  math(EXPR _fa_min "(${_fa_units} * 30 / ${_fa_cores} + 90 + 59) / 60")
   string(REPLACE ";" " " _fa_hd_words "${FLASHATTN_HEADDIMS}")
   list(APPEND _fa_lines
     "CUDA build (nvcc ${CMAKE_CUDA_COMPILER_VERSION}) for ${_fa_for}"
@@ -173,18 +174,21 @@ else()
   list(APPEND _fa_lines "CPU-only build (no nvcc found: CUDA 12.8+ enables the GPU paths), under a minute")
 endif()
 set(_fa_notice "")
-set(_fa_tty "\n")
+set(_fa_tty "")
 foreach(l IN LISTS _fa_lines)
   string(APPEND _fa_notice "flashattn: ${l}\n")
   string(APPEND _fa_tty "  flashattn: ${l}\n")
 endforeach()
 string(STRIP "${_fa_notice}" _fa_notice)
-message(NOTICE "${_fa_notice}")
+set(_fa_tty_rc 1)
 if(SKBUILD)
   # pip shows a build backend's output only with -v: say this much on the terminal itself
-  # (silently nothing without one, as in CI). The last line ends in spaces, so pip's spinner
-  # carries on at its end.
-  string(APPEND _fa_tty "  flashattn: pip shows the compiler's progress only with -v (pip install -v .) ...  ")
-  execute_process(COMMAND sh -c "{ printf '%s' \"$1\" > /dev/tty; } 2>/dev/null" sh "${_fa_tty}"
+  # (nothing without one, as in CI: then it is only in the log below). \b first: over the
+  # spinner's character; the spinner then carries on at the start of the next line.
+  string(APPEND _fa_tty "  flashattn: pip shows the compiler's progress only with -v (pip install -v .)\n   ")
+  execute_process(COMMAND sh -c "{ printf '\\b \\n%s' \"$1\" > /dev/tty; } 2>/dev/null" sh "${_fa_tty}"
                   RESULT_VARIABLE _fa_tty_rc OUTPUT_QUIET ERROR_QUIET)
+endif()
+if(NOT _fa_tty_rc EQUAL 0)  # (on the terminal already: not twice with pip -v)
+  message(NOTICE "${_fa_notice}")
 endif()
