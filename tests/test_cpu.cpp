@@ -707,19 +707,6 @@ TEST(CpuCAbi, BackendsCpuAutoAndReferenceRunThroughTheAbi) {
   EXPECT_EQ(p.out.padding_writes(), 0);
 }
 
-TEST(CpuPerf, ForwardFourKIsFast) {
-  // 4k x 4k, 8 heads, d = 64 (34 GFLOP): a smoke check that the tiled path stays vectorized,
-  // generous enough for a loaded 2-core CI machine.
-  Case c = make(4096, 4096, 8, 8, 64, kBF16);
-  Problem p(c, 1);
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(kCpuBackend.fwd(p.fwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "cpu forward 4096x4096x8x64 bf16: " << s << " s (" << 34.36 / s << " GFLOP/s, "
-            << host_num_threads() << " threads)\n";
-  EXPECT_LT(s, 20.0);
-}
-
 // The sm90 backward's deterministic mode: key block n adds its dQ part to query block m only
 // after dq_adds_before(...) other key blocks have, so for every query block the values over
 // the key blocks reaching it must be exactly 0, 1, ..., count - 1 (each turn taken once: no
