@@ -48,6 +48,8 @@ try:
 except ImportError:  # pragma: no cover - exercised only without torch
     _torch = None
 
+# interface.__all__, spelled out because interface needs torch and this list must not
+# (test_dropin.py checks the two agree).
 _TORCH_API = [
     "flash_attn_func",
     "flash_attn_qkvpacked_func",

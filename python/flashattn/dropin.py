@@ -25,14 +25,6 @@ __all__ = ["FLASH_ATTN_COMPAT_VERSION", "install_as_flash_attn"]
 FLASH_ATTN_COMPAT_VERSION = "2.7.4"
 
 _MARK = "__flashattn_dropin__"
-_INTERFACE_NAMES = (
-    "flash_attn_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_varlen_kvpacked_func",
-)
 
 
 def flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
@@ -100,12 +92,13 @@ def install_as_flash_attn(replace_installed: bool = False) -> types.ModuleType:
 
     top.__flashattn_version__ = ours
     fai = _module("flash_attn.flash_attn_interface", interface.__doc__)
-    for name in _INTERFACE_NAMES:
+    names = tuple(interface.__all__)  # the six flash_attn_*_func
+    for name in names:
         fn = getattr(interface, name)
         setattr(top, name, fn)
         setattr(fai, name, fn)
     top.flash_attn_with_kvcache = fai.flash_attn_with_kvcache = flash_attn_with_kvcache
-    fai.__all__ = list(_INTERFACE_NAMES) + ["flash_attn_with_kvcache"]
+    fai.__all__ = list(names) + ["flash_attn_with_kvcache"]
     top.__all__ = list(fai.__all__)
 
     # bert_padding and rotary are this package's own modules, aliased; the two flash_attn

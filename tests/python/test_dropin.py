@@ -264,3 +264,10 @@ def test_apply_rotary_emb_bad_input_names_the_argument():
         apply_rotary_emb(torch.randn(1, 5, 2, 4), cos, sin)
     with pytest.raises(ValueError, match="max_seqlen"):
         apply_rotary_emb(x[0], cos, sin, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+
+
+def test_torch_free_name_list_matches_the_interface():
+    import flashattn
+    import flashattn.interface
+
+    assert flashattn._TORCH_API == list(flashattn.interface.__all__)
