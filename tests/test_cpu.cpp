@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/backend.h"
+#include "common/headdim.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/softmax.h"
@@ -153,6 +154,15 @@ TEST(MaskPolicy, QueryBlockRangeIsExact) {
   }
 }
 
+// By brute force: some element of rows [row0, rows_end) x cols [col0, col0 + bn) is masked or
+// out of bounds.
+bool tile_has_masked(const MaskCase& mc, int row0, int rows_end, int col0, int bn) {
+  for (int i = row0; i < rows_end; ++i)
+    for (int j = col0; j < col0 + bn; ++j)
+      if (!header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr)) return true;
+  return false;
+}
+
 // tile_needs_mask may say true for a clean tile (a missed optimisation) but never false for a
 // tile with a masked or out-of-bounds element (a wrong answer). Tiles of any size and offset.
 TEST(MaskPolicy, TileNeedsMaskIsConservative) {
@@ -162,10 +172,7 @@ TEST(MaskPolicy, TileNeedsMaskIsConservative) {
     for (int t = 0; t < 60; ++t) {
       const int bm = 1 + int(rng() % 70), bn = 1 + int(rng() % 70);
       const int row0 = int(rng() % (mc.sq + 1)), col0 = int(rng() % (mc.sk + 1));
-      bool masked = false;
-      for (int i = row0; i < row0 + bm && !masked; ++i)
-        for (int j = col0; j < col0 + bn && !masked; ++j)
-          masked = !header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
+      const bool masked = tile_has_masked(mc, row0, row0 + bm, col0, bn);
       if (masked) {
         ASSERT_TRUE(m.tile_needs_mask(row0, bm, col0, bn))
             << str(mc) << " tile rows [" << row0 << "," << row0 + bm << ") cols [" << col0 << "," << col0 + bn << ")";
@@ -187,10 +194,7 @@ TEST(MaskPolicy, TileNeedsKeyMaskIsExactOverKeptRows) {
     for (int t = 0; t < 60; ++t) {
       const int bm = 1 + int(rng() % 70), bn = 1 + int(rng() % 70);
       const int row0 = int(rng() % (mc.sq + 1)), col0 = int(rng() % (mc.sk + 1));
-      bool masked = false;
-      for (int i = row0; i < std::min(row0 + bm, mc.sq) && !masked; ++i)
-        for (int j = col0; j < col0 + bn && !masked; ++j)
-          masked = !header_allows(i, j, mc.sq, mc.sk, mc.wl, mc.wr);
+      const bool masked = tile_has_masked(mc, row0, std::min(row0 + bm, mc.sq), col0, bn);  // kept rows only
       ASSERT_EQ(m.tile_needs_key_mask(row0, bm, col0, bn), masked)
           << str(mc) << " tile rows [" << row0 << "," << row0 + bm << ") cols [" << col0 << "," << col0 + bn << ")";
       // Never more than tile_needs_mask, which also counts the rows past the end.
@@ -203,6 +207,22 @@ TEST(MaskPolicy, TileNeedsKeyMaskIsExactOverKeptRows) {
   const Mask none(4096, 4096, -1, -1);
   EXPECT_FALSE(none.tile_needs_key_mask(21 * 192, 192, 0, 128));
   EXPECT_TRUE(none.tile_needs_mask(21 * 192, 192, 0, 128));
+}
+
+// The GPU paths' head-dim rounding (common/headdim.h): a head dim runs on the smallest compiled
+// kernel at least as wide; not a multiple of 8, or wider than every kernel: none.
+TEST(KernelHeadDim, NextCompiledKernelOrNone) {
+  static constexpr int kSm90[] = {64, 96, 128, 192, 256, 0};
+  static constexpr int kSm80[] = {32, 64, 96, 128, 192, 256, 0};
+  static constexpr int kNone[] = {0};
+  const int want90[][2] = {{8, 64}, {16, 64}, {40, 64}, {64, 64}, {72, 96}, {80, 96}, {96, 96}, {104, 128},
+                           {112, 128}, {128, 128}, {136, 192}, {160, 192}, {192, 192}, {200, 256}, {224, 256},
+                           {256, 256}, {264, 0}, {59, 0}, {111, 0}, {0, 0}, {-8, 0}};
+  for (const auto& w : want90) EXPECT_EQ(kernel_headdim_for(w[0], kSm90), w[1]) << "headdim " << w[0];
+  EXPECT_EQ(kernel_headdim_for(16, kSm80), 32);
+  EXPECT_EQ(kernel_headdim_for(40, kSm80), 64);
+  EXPECT_EQ(kernel_headdim_for(64, kNone), 0);
+  static_assert(kernel_headdim_for(80, kSm90) == 96, "usable in constant expressions");
 }
 
 TEST(MaskPolicy, InteriorTilesSkipMasking) {

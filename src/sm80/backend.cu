@@ -6,6 +6,7 @@
 
 #include "api/backend.h"
 #include "common/error.h"
+#include "common/headdim.h"
 #include "flashattn/flashattn_experimental.h"
 #include <cutlass/numeric_types.h>
 
@@ -50,10 +51,7 @@ int kernel_headdim(int d) {
       256,
 #endif
       0};
-  if (d <= 0 || d % 8 != 0) return 0;
-  for (int k : kCompiled)
-    if (k >= d) return k;
-  return 0;
+  return kernel_headdim_for(d, kCompiled);
 }
 
 const char* unsupported(flashattn_dtype dtype, int headdim) {

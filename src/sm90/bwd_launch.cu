@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "common/headdim.h"
 #include "sm90/bwd_launch.h"
 #include "sm90/bwd_entry.h"
 
@@ -61,10 +62,7 @@ int bwd_kernel_headdim(int headdim) {
       256,
 #endif
       0};
-  if (headdim <= 0 || headdim % 8 != 0) return 0;
-  for (int k : kCompiled)
-    if (k >= headdim) return k;
-  return 0;
+  return kernel_headdim_for(headdim, kCompiled);
 }
 
 BwdEntry find_bwd(int headdim, flashattn_dtype dt) {

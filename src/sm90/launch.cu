@@ -7,6 +7,7 @@
 
 #include "api/backend.h"
 #include "common/error.h"
+#include "common/headdim.h"
 #include "flashattn/flashattn_experimental.h"
 #include "sm90/bwd_entry.h"
 #include "sm90/launch.h"
@@ -95,10 +96,7 @@ int kernel_headdim(int headdim) {
       256,
 #endif
       0};
-  if (headdim <= 0 || headdim % 8 != 0) return 0;
-  for (int k : kCompiled)
-    if (k >= headdim) return k;
-  return 0;
+  return kernel_headdim_for(headdim, kCompiled);
 }
 
 LaunchFn find_launch(int headdim, flashattn_dtype dt) {
