@@ -3,7 +3,9 @@
 // device-only checks (alignment, device memory) run when a GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -92,8 +94,31 @@ TEST(Api, NullParams) {
 
 TEST(Api, StructSizeMismatch) {
   Problem p;
-  p.fwd.struct_size -= 8;
+  p.fwd.struct_size -= 4;  // neither the current size nor an earlier version's
   expect_rejected(p, FLASHATTN_ERROR_INVALID_ARGUMENT, "struct_size");
+  Problem p2;
+  p2.fwd.struct_size += 8;
+  expect_rejected(p2, FLASHATTN_ERROR_INVALID_ARGUMENT, "struct_size");
+}
+
+// A caller built against the header before lse_fp64 passes the smaller struct_size; the library
+// must not read past it (the bytes there are poisoned: read, they would be refused).
+TEST(Api, StructSizeBeforeLseFp64StillWorks) {
+  Problem p;
+  p.fwd.struct_size = uint32_t(offsetof(flashattn_fwd_params, lse_fp64));
+  p.bwd.struct_size = uint32_t(offsetof(flashattn_bwd_params, lse_fp64));
+#if UINTPTR_MAX == UINT64_MAX
+  EXPECT_EQ(p.fwd.struct_size, 376u);  // sizeof(flashattn_fwd_params) of the earlier header
+  EXPECT_EQ(p.bwd.struct_size, 664u);
+#endif
+  std::memset(&p.fwd.lse_fp64, 0xA5, sizeof(p.fwd.lse_fp64));
+  std::memset(&p.bwd.lse_fp64, 0xA5, sizeof(p.bwd.lse_fp64));
+  size_t bytes = 0;
+  ASSERT_EQ(flashattn_fwd_workspace_size(&p.fwd, &bytes), FLASHATTN_SUCCESS) << flashattn_last_error();
+  ASSERT_EQ(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (float x : p.lse) ASSERT_TRUE(std::isfinite(x));
+  ASSERT_EQ(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (float x : p.dq) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST(Api, NullPointers) {
@@ -316,6 +341,169 @@ TEST(Api, ExplicitBackendNotCompiledOrWrongPlace) {
   flashattn_status s = flashattn_fwd(&p.fwd, nullptr, 0, nullptr);
   EXPECT_NE(s, FLASHATTN_SUCCESS);
   EXPECT_TRUE(p.outputs_untouched());
+}
+
+// ---- lse_fp64: the exact LSE of fp64 problems ------------------------------------------------
+
+// A small fp64 problem (GQA, causal with sq < sk so no row is empty) with the LSE in fp64.
+// headdim 16: the default scale 1/4 is exact (options.softmax_scale is a float).
+struct Fp64Problem {
+  int b = 2, sq = 5, sk = 9, hq = 4, hk = 2, d = 16;
+  std::vector<double> q, k, v, o, dout, dq, dk, dv, lse;
+  flashattn_fwd_params fwd;
+  flashattn_bwd_params bwd;
+
+  Fp64Problem() {
+    q.resize(size_t(b) * sq * hq * d);
+    k.resize(size_t(b) * sk * hk * d);
+    v.resize(k.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = 1.7 * std::sin(0.37 * double(i) + 0.1);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = 1.3 * std::cos(0.11 * double(i) + 0.2);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05 * double(i) + 1.0);
+    o.assign(q.size(), NAN);
+    dout = q;
+    dq.assign(q.size(), NAN);
+    dk.assign(k.size(), NAN);
+    dv.assign(v.size(), NAN);
+    lse.assign(size_t(b) * hq * sq, NAN);
+    fwd = flashattn_fwd_params_init();
+    fwd.dtype = FLASHATTN_DTYPE_FP64;
+    fwd.q = flashattn::contiguous_tensor(q.data(), b, sq, hq, d);
+    fwd.k = flashattn::contiguous_tensor(k.data(), b, sk, hk, d);
+    fwd.v = flashattn::contiguous_tensor(v.data(), b, sk, hk, d);
+    fwd.out = flashattn::contiguous_tensor(o.data(), b, sq, hq, d);
+    fwd.lse_fp64 = lse.data();
+    fwd.options.causal = 1;
+    bwd = flashattn_bwd_params_init();
+    bwd.dtype = FLASHATTN_DTYPE_FP64;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = fwd.out;
+    bwd.dout = flashattn::contiguous_tensor(dout.data(), b, sq, hq, d);
+    bwd.lse_fp64 = lse.data();
+    bwd.dq = flashattn::contiguous_tensor(dq.data(), b, sq, hq, d);
+    bwd.dk = flashattn::contiguous_tensor(dk.data(), b, sk, hk, d);
+    bwd.dv = flashattn::contiguous_tensor(dv.data(), b, sk, hk, d);
+    bwd.options = fwd.options;
+  }
+  // LSE[b, h, i] straight from the header's definition, in long double.
+  long double expected_lse(int bi, int h, int i) const {
+    const int kvh = h / (hq / hk);
+    const int last = i + (sk - sq);  // causal, bottom-right aligned
+    std::vector<long double> s;
+    long double m = -INFINITY;
+    for (int j = 0; j <= last; ++j) {
+      long double dot = 0;
+      for (int c = 0; c < d; ++c)
+        dot += (long double)q[((size_t(bi) * sq + i) * hq + h) * d + c] *
+               (long double)k[((size_t(bi) * sk + j) * hk + kvh) * d + c];
+      s.push_back(dot * 0.25L);
+      m = std::max(m, s.back());
+    }
+    long double l = 0;
+    for (long double x : s) l += std::exp(x - m);
+    return m + std::log(l);
+  }
+};
+
+TEST(LseFp64, MatchesTheDefinitionBeyondFp32Resolution) {
+  for (flashattn_backend backend : {FLASHATTN_BACKEND_AUTO, FLASHATTN_BACKEND_REFERENCE}) {
+    Fp64Problem p;
+    p.fwd.options.backend = backend;
+    ASSERT_EQ(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    double worst = 0, worst_if_float = 0;
+    for (int bi = 0; bi < p.b; ++bi)
+      for (int h = 0; h < p.hq; ++h)
+        for (int i = 0; i < p.sq; ++i) {
+          const long double want = p.expected_lse(bi, h, i);
+          const double got = p.lse[(size_t(bi) * p.hq + h) * p.sq + i];
+          const double scale = std::max(1.0L, std::fabs(want));
+          worst = std::max(worst, double(std::fabs(got - want) / scale));
+          worst_if_float = std::max(worst_if_float, double(std::fabs(double(float(want)) - want) / scale));
+        }
+    EXPECT_LT(worst, 1e-14) << "lse_fp64 is not the fp64 LSE (backend " << flashattn_backend_name(backend) << ")";
+    // The tolerance is far below fp32's resolution: an LSE rounded through float would fail it.
+    EXPECT_GT(worst_if_float, 1e-10);
+  }
+}
+
+TEST(LseFp64, SameAsFp32LseAndBackwardReadsIt) {
+  Fp64Problem p;
+  ASSERT_EQ(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  // The fp32 LSE of the same call is the fp64 one rounded.
+  Fp64Problem p32;
+  std::vector<float> lse32(p32.lse.size(), NAN);
+  p32.fwd.lse_fp64 = nullptr;
+  p32.fwd.lse = lse32.data();
+  ASSERT_EQ(flashattn_fwd(&p32.fwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (size_t i = 0; i < lse32.size(); ++i) EXPECT_EQ(lse32[i], float(p.lse[i])) << i;
+  // The backward takes the fp64 LSE in place of lse (fp64 throughout: the same gradients).
+  ASSERT_EQ(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  p32.bwd.lse_fp64 = nullptr;
+  p32.bwd.lse = lse32.data();
+  ASSERT_EQ(flashattn_bwd(&p32.bwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (size_t i = 0; i < p.dq.size(); ++i) ASSERT_TRUE(std::isfinite(p.dq[i]));
+  EXPECT_EQ(p.dq, p32.dq);
+  EXPECT_EQ(p.dk, p32.dk);
+  EXPECT_EQ(p.dv, p32.dv);
+  // Neither LSE given: the backward names lse.
+  p.bwd.lse_fp64 = nullptr;
+  EXPECT_EQ(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashattn_last_error()).find("lse"), std::string::npos);
+}
+
+TEST(LseFp64, NoKeysGiveNegInf) {
+  Fp64Problem p;
+  p.fwd.options.causal = 0;
+  p.fwd.k.shape[1] = 0;
+  p.fwd.v.shape[1] = 0;
+  ASSERT_EQ(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (double x : p.lse) EXPECT_TRUE(std::isinf(x) && x < 0);
+}
+
+void expect_lse_fp64_refused(flashattn_status got, flashattn_status expected, const std::string& also = "") {
+  EXPECT_EQ(got, expected) << flashattn_last_error();
+  const std::string msg = flashattn_last_error();
+  EXPECT_NE(msg.find("lse_fp64"), std::string::npos) << "message '" << msg << "' should name lse_fp64";
+  if (!also.empty()) EXPECT_NE(msg.find(also), std::string::npos) << "message '" << msg << "' should name " << also;
+}
+
+TEST(LseFp64, RefusalsNameTheField) {
+  {  // not an fp64 problem
+    Problem p;
+    std::vector<double> l(p.lse.size());
+    p.fwd.lse = nullptr;
+    p.fwd.lse_fp64 = l.data();
+    expect_lse_fp64_refused(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT, "fp32");
+    EXPECT_TRUE(p.outputs_untouched());
+    p.bwd.lse = nullptr;
+    p.bwd.lse_fp64 = l.data();
+    expect_lse_fp64_refused(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT, "fp32");
+  }
+  {  // both LSE buffers
+    Fp64Problem p;
+    std::vector<float> l(p.lse.size());
+    p.fwd.lse = l.data();
+    expect_lse_fp64_refused(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    p.bwd.lse = l.data();
+    expect_lse_fp64_refused(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  }
+  {  // the tiled cpu backend keeps an fp32 LSE
+    Fp64Problem p;
+    p.fwd.options.backend = p.bwd.options.backend = FLASHATTN_BACKEND_CPU;
+    size_t bytes = 0;
+    expect_lse_fp64_refused(flashattn_fwd_workspace_size(&p.fwd, &bytes), FLASHATTN_ERROR_NOT_SUPPORTED, "cpu");
+    expect_lse_fp64_refused(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED, "cpu");
+    for (double x : p.lse) EXPECT_TRUE(std::isnan(x)) << "a refused call wrote the LSE";
+    expect_lse_fp64_refused(flashattn_bwd(&p.bwd, nullptr, 0, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED, "cpu");
+  }
+  {  // misaligned
+    Fp64Problem p;
+    std::vector<double> l(p.lse.size() + 1);
+    p.fwd.lse_fp64 = reinterpret_cast<double*>(reinterpret_cast<char*>(l.data()) + 4);
+    expect_lse_fp64_refused(flashattn_fwd(&p.fwd, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT, "aligned");
+  }
 }
 
 TEST(Api, Introspection) {

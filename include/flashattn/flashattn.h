@@ -19,7 +19,13 @@
  * h / (nheads_q / nheads_kv).
  * Varlen: with cu_seqlens_q/cu_seqlens_k set, tensors have shape [1, total, nheads, headdim],
  * sequence b occupies rows [cu_seqlens[b], cu_seqlens[b+1]), and LSE is [nheads_q, total_q].
- * Otherwise LSE is [batch, nheads_q, seqlen_q]. LSE is always contiguous fp32.
+ * Otherwise LSE is [batch, nheads_q, seqlen_q]. LSE is contiguous fp32 (`lse`), or, for
+ * FLASHATTN_DTYPE_FP64 problems on the reference backend, contiguous fp64 (`lse_fp64`).
+ *
+ * ABI growth: struct_size is sizeof() of the caller's header version. The library accepts the
+ * current size and every earlier one, and reads only the fields an earlier size covers (the
+ * ones added later read as zero/NULL): flashattn_fwd_params/flashattn_bwd_params ended after
+ * `varlen` before `lse_fp64` was added.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -57,7 +63,8 @@ typedef enum flashattn_dtype {
   FLASHATTN_DTYPE_FP32 = 3,     /* host paths only (reference, cpu) */
   FLASHATTN_DTYPE_FP64 = 4,     /* host only, for gradient checks: AUTO runs it on the reference
                                    backend, in fp64 throughout (the cpu backend, if chosen, accumulates
-                                   in fp32); the LSE output stays fp32 */
+                                   in fp32). The LSE is fp32 in `lse`, or exact fp64 in `lse_fp64`
+                                   (reference backend, which AUTO picks for fp64) */
   FLASHATTN_DTYPE_FP8_E4M3 = 5  /* reserved: returns FLASHATTN_ERROR_NOT_SUPPORTED */
 } flashattn_dtype;
 
@@ -106,13 +113,18 @@ typedef struct flashattn_varlen {
 } flashattn_varlen;
 
 typedef struct flashattn_fwd_params {
-  uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow */
+  uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow (see the top) */
   flashattn_dtype dtype;
   flashattn_tensor q, k, v; /* inputs */
   flashattn_tensor out;     /* output, same shape as q */
   float* lse;               /* output, may be NULL (inference) */
   flashattn_options options;
   flashattn_varlen varlen;
+  /* Appended (read only when struct_size covers it). Output, may be NULL: the LSE in fp64,
+   * for dtype FLASHATTN_DTYPE_FP64 only, 8-byte aligned, same layout as `lse`. Set at most one
+   * of `lse` and `lse_fp64`. Only the reference backend writes it (AUTO picks reference for
+   * fp64); other backends refuse it (FLASHATTN_ERROR_NOT_SUPPORTED naming lse_fp64). */
+  double* lse_fp64;
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {
@@ -123,6 +135,9 @@ typedef struct flashattn_bwd_params {
   flashattn_tensor dq, dk, dv;         /* outputs */
   flashattn_options options;
   flashattn_varlen varlen;
+  /* Appended (read only when struct_size covers it). Input: the forward's fp64 LSE, in place of
+   * `lse` (set exactly one), under the same rules as flashattn_fwd_params.lse_fp64. */
+  const double* lse_fp64;
 } flashattn_bwd_params;
 
 typedef struct flashattn_device_info {

@@ -84,6 +84,7 @@ class FwdParams(ctypes.Structure):
         ("lse", ctypes.c_void_p),
         ("options", Options),
         ("varlen", Varlen),
+        ("lse_fp64", ctypes.c_void_p),  # double*: the LSE in fp64 (float64 inputs, reference backend)
     ]
 
 
@@ -102,6 +103,7 @@ class BwdParams(ctypes.Structure):
         ("dv", Tensor),
         ("options", Options),
         ("varlen", Varlen),
+        ("lse_fp64", ctypes.c_void_p),  # const double*: the forward's fp64 LSE, in place of lse
     ]
 
 

@@ -7,7 +7,9 @@ stream). Scratch memory comes from torch's allocator, so calls are CUDA-graph ca
 no host syncs, no cudaMalloc.
 
 Layouts: fixed length q/k/v are [batch, seqlen, nheads, headdim]; varlen (cu_seqlens given)
-are packed [total, nheads, headdim]. LSE is [batch, nheads, seqlen_q], or [nheads, total_q].
+are packed [total, nheads, headdim]. LSE is [batch, nheads, seqlen_q], or [nheads, total_q]:
+float32, except float64 for float64 inputs (computed in fp64 on the reference backend, which
+"auto" picks for them), so the LSE is exact too.
 """
 
 from __future__ import annotations
@@ -201,6 +203,24 @@ def _lse_shape(q, varlen):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
+_BACKEND_CPU = _lib.backend_id("cpu")
+
+
+def _lse_dtype(dtype, backend):
+    """float64 for float64 inputs (the C ABI's lse_fp64), except on the tiled cpu backend, which keeps
+    an fp32 LSE (it accumulates in fp32); float32 otherwise, as flash_attn."""
+    return torch.float64 if dtype == torch.float64 and backend != _BACKEND_CPU else torch.float32
+
+
+def _set_lse(p, lse):
+    """Points params at the LSE buffer: lse (float*) or lse_fp64 (double*) by its dtype."""
+    ptr = lse.data_ptr() if lse.numel() else None
+    if lse.dtype == torch.float64:
+        p.lse_fp64 = ptr
+    else:
+        p.lse = ptr
+
+
 # ---- the ops ---------------------------------------------------------------------------------
 
 
@@ -228,13 +248,13 @@ def _fwd_impl(
     qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
     # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
     out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
-    lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
+    lse = _alloc(_lse_shape(q, varlen), _lse_dtype(q.dtype, backend), device, float("-inf") if varlen else None)
 
     p = _new_params("fwd")
     p.dtype = _dtype_id(q.dtype)
     for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
         _put(p, field, t, varlen)
-    p.lse = lse.data_ptr() if lse.numel() else None
+    _set_lse(p, lse)
     _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend)
     _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     key = None
@@ -254,7 +274,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
               window_right, softcap, deterministic, backend):
     varlen = cu_seqlens_q is not None
     out = q.new_empty(q.shape)
-    lse = q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+    lse = q.new_empty(_lse_shape(q, varlen), dtype=_lse_dtype(q.dtype, backend))
     return out, lse
 
 
@@ -283,8 +303,9 @@ def _bwd_impl(
     d = q.shape[-1]
     pad = _head_pad(q)
     qp, kp, vp, outp, doutp = (_prep(t, pad) for t in (q, k, v, out, dout.to(q.dtype)))
-    if lse.dtype != torch.float32 or tuple(lse.shape) != _lse_shape(q, varlen):
-        raise ValueError(f"flashattn bwd: lse must be float32 of shape {_lse_shape(q, varlen)} "
+    lse_dtype = _lse_dtype(q.dtype, backend)
+    if lse.dtype != lse_dtype or tuple(lse.shape) != _lse_shape(q, varlen):
+        raise ValueError(f"flashattn bwd: lse must be {lse_dtype} of shape {_lse_shape(q, varlen)} "
                          f"(got {lse.dtype}, {tuple(lse.shape)})")
     lse = lse.contiguous()
     fill = 0.0 if varlen else None
@@ -295,7 +316,7 @@ def _bwd_impl(
     for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", outp), ("dout", doutp), ("dq", dq), ("dk", dk),
                      ("dv", dv)):
         _put(p, field, t, varlen)
-    p.lse = lse.data_ptr() if lse.numel() else None
+    _set_lse(p, lse)
     _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend)
     _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     key = None

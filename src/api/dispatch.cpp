@@ -44,8 +44,28 @@ int device_cc(int device) {
 
 bool runs_on(const Backend& b, int cc) { return cc >= b.min_cc && (b.max_cc == 0 || cc <= b.max_cc); }
 
-const char* unsupported_by(const Backend& b, const FwdParams& p) { return b.fwd_unsupported(p); }
-const char* unsupported_by(const Backend& b, const BwdParams& p) { return b.bwd_unsupported(p); }
+// An fp64 LSE (lse_fp64) is written and read only by the reference backend: the others keep
+// their LSE in fp32 (cpu accumulates in fp32; the GPU paths take fp16/bf16 only).
+const char* lse_fp64_unsupported(const Backend& b) {
+  if (b.id == FLASHATTN_BACKEND_REFERENCE) return nullptr;
+  switch (b.id) {
+    case FLASHATTN_BACKEND_CPU:
+      return "lse_fp64: the cpu backend keeps its LSE in fp32 (use lse, or backend reference or auto for fp64)";
+    default:
+      return "lse_fp64: only the reference backend writes or reads an fp64 LSE (use lse)";
+  }
+}
+
+const char* unsupported_by(const Backend& b, const FwdParams& p) {
+  if (p.lse_fp64 != nullptr)
+    if (const char* why = lse_fp64_unsupported(b)) return why;
+  return b.fwd_unsupported(p);
+}
+const char* unsupported_by(const Backend& b, const BwdParams& p) {
+  if (p.lse_fp64 != nullptr)
+    if (const char* why = lse_fp64_unsupported(b)) return why;
+  return b.bwd_unsupported(p);
+}
 
 template <typename P>
 flashattn_status select(const P& params, const CallContext& ctx, const Backend** out) {
@@ -176,6 +196,12 @@ flashattn_status fill_lse(const CallContext& ctx, float* lse, int64_t n, void* s
   return FLASHATTN_SUCCESS;
 }
 
+flashattn_status fill_lse(const CallContext&, double* lse, int64_t n, void*) {  // host only (fp64)
+  if (lse == nullptr) return FLASHATTN_SUCCESS;
+  for (int64_t i = 0; i < n; ++i) lse[i] = -INFINITY;
+  return FLASHATTN_SUCCESS;
+}
+
 }  // namespace
 
 flashattn_status select_fwd(const FwdParams& p, const CallContext& ctx, const Backend** out) {
@@ -201,7 +227,9 @@ flashattn_status run_fwd(const Backend& b, const FwdParams& p, const CallContext
   const Shape& sh = p.shape;
   if (ctx.no_keys) {
     s = fill(ctx, p.o, p.dtype, sh.batch, sh.seqlen_q, sh.nheads_q, sh.headdim, p.o_stride, stream);
-    return s != FLASHATTN_SUCCESS ? s : fill_lse(ctx, p.lse, int64_t(sh.batch) * sh.nheads_q * sh.seqlen_q, stream);
+    const int64_t n = int64_t(sh.batch) * sh.nheads_q * sh.seqlen_q;
+    if (s == FLASHATTN_SUCCESS) s = fill_lse(ctx, p.lse, n, stream);
+    return s != FLASHATTN_SUCCESS ? s : fill_lse(ctx, p.lse_fp64, n, stream);
   }
   ScopedHostThreads threads(ctx.num_threads);  // host paths read it in parallel_for
   return with_workspace(b.fwd_workspace(p), workspace, workspace_bytes, ctx.device, stream,

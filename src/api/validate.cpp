@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "api/cuda_util.h"
@@ -11,13 +12,16 @@
 
 namespace flashattn {
 
-// options.num_threads took what was padding before `varlen`: the params structs keep the size
-// and layout that callers built against the earlier header (struct_size stays valid).
+// options.num_threads took what was padding before `varlen`: the params structs kept the size
+// and layout that callers built against the earlier header. lse_fp64 was appended after
+// `varlen` and grew them (struct_size tells the two versions apart; see check_header).
 #if UINTPTR_MAX == UINT64_MAX
 static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
-static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && sizeof(flashattn_fwd_params) == 376,
+static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && offsetof(flashattn_fwd_params, lse_fp64) == 376 &&
+                  sizeof(flashattn_fwd_params) == 384,
               "flashattn_fwd_params layout changed");
-static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && sizeof(flashattn_bwd_params) == 664,
+static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && offsetof(flashattn_bwd_params, lse_fp64) == 664 &&
+                  sizeof(flashattn_bwd_params) == 672,
               "flashattn_bwd_params layout changed");
 #endif
 
@@ -160,13 +164,13 @@ flashattn_status check_tensor(const char* name, const flashattn_tensor& t, const
 }
 
 flashattn_status check_lse(const char* name, const void* lse, bool required, int64_t numel,
-                           const CallContext& ctx) {
+                           const CallContext& ctx, size_t align = 4) {
   if (lse == nullptr) {
     if (required && numel > 0) return set_error(kInvalid, "%s: NULL (the backward needs the forward's LSE)", name);
     return FLASHATTN_SUCCESS;
   }
-  if (reinterpret_cast<uintptr_t>(lse) % 4 != 0)
-    return set_error(kInvalid, "%s: %p is not 4-byte aligned", name, lse);
+  if (reinterpret_cast<uintptr_t>(lse) % align != 0)
+    return set_error(kInvalid, "%s: %p is not %zu-byte aligned", name, lse, align);
 #if defined(FLASHATTN_HAS_CUDA)
   int dev = -1;
   int kind = cuda::pointer_kind(lse, &dev);
@@ -322,27 +326,59 @@ flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype
   return FLASHATTN_SUCCESS;
 }
 
+// sizeof() of the params structs before lse_fp64 was appended: they ended after `varlen`,
+// padded to the alignment of their widest member (flashattn_tensor's int64/pointer).
 template <typename P>
-flashattn_status check_header(const P* p, const char* what) {
+constexpr size_t size_before_lse_fp64() {
+  constexpr size_t end = offsetof(P, varlen) + sizeof(flashattn_varlen);
+  constexpr size_t align = alignof(flashattn_tensor);
+  return (end + align - 1) / align * align;
+}
+static_assert(size_before_lse_fp64<flashattn_fwd_params>() <= offsetof(flashattn_fwd_params, lse_fp64), "");
+static_assert(size_before_lse_fp64<flashattn_bwd_params>() <= offsetof(flashattn_bwd_params, lse_fp64), "");
+
+// Copies the caller's struct into *full: the current size, or an earlier version's (struct_size
+// says which), whose later fields are not read and stay zero (lse_fp64 = NULL).
+template <typename P>
+flashattn_status check_header(const P* p, const char* what, P* full) {
   if (p == nullptr) return set_error(kInvalid, "params: NULL");
-  if (p->struct_size != sizeof(P))
-    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(%s) = %zu (header/library mismatch?)",
-                     p->struct_size, what, sizeof(P));
+  const size_t n = p->struct_size;
+  if (n != sizeof(P) && n != size_before_lse_fp64<P>())
+    return set_error(kInvalid,
+                     "params.struct_size: %u, expected sizeof(%s) = %zu, or %zu from a header before lse_fp64 "
+                     "(header/library mismatch?)",
+                     p->struct_size, what, sizeof(P), size_before_lse_fp64<P>());
+  std::memset(static_cast<void*>(full), 0, sizeof(P));
+  std::memcpy(static_cast<void*>(full), p, n);
+  return FLASHATTN_SUCCESS;
+}
+
+// lse_fp64: only for fp64 problems, and not together with the fp32 `lse`.
+flashattn_status check_lse_fp64(flashattn_dtype dtype, const void* lse, const void* lse_fp64) {
+  if (lse_fp64 == nullptr) return FLASHATTN_SUCCESS;
+  if (dtype != FLASHATTN_DTYPE_FP64)
+    return set_error(kInvalid, "lse_fp64: set, but dtype is %s (an fp64 LSE needs dtype fp64; use lse)",
+                     dtype_name(dtype));
+  if (lse != nullptr) return set_error(kInvalid, "lse_fp64: set together with lse (set at most one)");
   return FLASHATTN_SUCCESS;
 }
 
 }  // namespace
 
-flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdParams* out, CallContext* ctx) {
-  flashattn_status s = check_header(p, "flashattn_fwd_params");
+flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream, FwdParams* out, CallContext* ctx) {
+  flashattn_fwd_params full;
+  flashattn_status s = check_header(caller, "flashattn_fwd_params", &full);
   if (s != FLASHATTN_SUCCESS) return s;
+  const flashattn_fwd_params* p = &full;
   *out = FwdParams{};
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx);
   if (s != FLASHATTN_SUCCESS) return s;
   const int64_t qexpect[4] = {p->q.shape[0], p->q.shape[1], p->q.shape[2], p->q.shape[3]};
   if ((s = check_tensor("out", p->out, qexpect, p->dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   const Shape& sh = out->shape;
+  if ((s = check_lse_fp64(p->dtype, p->lse, p->lse_fp64)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_lse("lse", p->lse, false, int64_t(sh.total_q) * sh.nheads_q, *ctx)) != FLASHATTN_SUCCESS) return s;
+  if ((s = check_lse("lse_fp64", p->lse_fp64, false, 0, *ctx, sizeof(double))) != FLASHATTN_SUCCESS) return s;
   bool varlen = p->varlen.cu_seqlens_q != nullptr;
   out->dtype = p->dtype;
   out->q = p->q.data;
@@ -350,6 +386,7 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdP
   out->v = p->v.data;
   out->o = p->out.data;
   out->lse = p->lse;
+  out->lse_fp64 = p->lse_fp64;
   out->q_stride = row_strides(p->q, varlen);
   out->k_stride = row_strides(p->k, varlen);
   out->v_stride = row_strides(p->v, varlen);
@@ -359,9 +396,11 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdP
   return FLASHATTN_SUCCESS;
 }
 
-flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdParams* out, CallContext* ctx) {
-  flashattn_status s = check_header(p, "flashattn_bwd_params");
+flashattn_status normalize_bwd(const flashattn_bwd_params* caller, void* stream, BwdParams* out, CallContext* ctx) {
+  flashattn_bwd_params full;
+  flashattn_status s = check_header(caller, "flashattn_bwd_params", &full);
   if (s != FLASHATTN_SUCCESS) return s;
+  const flashattn_bwd_params* p = &full;
   *out = BwdParams{};
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx);
   if (s != FLASHATTN_SUCCESS) return s;
@@ -373,7 +412,12 @@ flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdP
   if ((s = check_tensor("dk", p->dk, kexpect, p->dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_tensor("dv", p->dv, kexpect, p->dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   const Shape& sh = out->shape;
-  if ((s = check_lse("lse", p->lse, true, int64_t(sh.total_q) * sh.nheads_q, *ctx)) != FLASHATTN_SUCCESS) return s;
+  if ((s = check_lse_fp64(p->dtype, p->lse, p->lse_fp64)) != FLASHATTN_SUCCESS) return s;
+  if (p->lse_fp64 != nullptr) {
+    if ((s = check_lse("lse_fp64", p->lse_fp64, true, 0, *ctx, sizeof(double))) != FLASHATTN_SUCCESS) return s;
+  } else if ((s = check_lse("lse", p->lse, true, int64_t(sh.total_q) * sh.nheads_q, *ctx)) != FLASHATTN_SUCCESS) {
+    return s;
+  }
   bool varlen = p->varlen.cu_seqlens_q != nullptr;
   out->dtype = p->dtype;
   out->q = p->q.data;
@@ -382,6 +426,7 @@ flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdP
   out->o = p->out.data;
   out->dout = p->dout.data;
   out->lse = p->lse;
+  out->lse_fp64 = p->lse_fp64;
   out->dq = p->dq.data;
   out->dk = p->dk.data;
   out->dv = p->dv.data;

@@ -51,6 +51,7 @@ struct FwdParams {
   RowStrides q_stride, k_stride, v_stride, o_stride;
   const int32_t* cu_seqlens_q;  // null = fixed length
   const int32_t* cu_seqlens_k;
+  double* lse_fp64 = nullptr;  // fp64 LSE output (FP64 dtype, reference backend only); lse is then null
 };
 
 struct BwdParams {
@@ -70,6 +71,7 @@ struct BwdParams {
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   bool deterministic;
+  const double* lse_fp64 = nullptr;  // fp64 LSE input (FP64 dtype, reference backend only); lse is then null
 };
 
 // Where sequence `b` lives: its row offset in the packed tensors and its lengths.

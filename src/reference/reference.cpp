@@ -126,7 +126,9 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
                                          w.K.data(), w.V.data(), w.o.data(), w.s);
           const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
           for (int c = 0; c < d; ++c) store_double(p.o, p.dtype, oo + c, w.o[c]);
-          if (p.lse) p.lse[sb.lse_offset + int64_t(h) * sb.lse_head_stride + i] = float(lse);
+          const int64_t li = sb.lse_offset + int64_t(h) * sb.lse_head_stride + i;
+          if (p.lse) p.lse[li] = float(lse);
+          if (p.lse_fp64) p.lse_fp64[li] = lse;  // not rounded through float
         }
       });
   if (!err.empty()) return set_error(FLASHATTN_ERROR_INTERNAL, "reference forward: %s", err.c_str());

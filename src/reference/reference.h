@@ -4,8 +4,10 @@
 // It shares only the mask policy (src/common/mask.h) and seq_bounds() with the other paths;
 // the math (natural-log softmax, tanh softcap and its derivative) is written out independently.
 //
-// The backward recomputes everything from q, k, v and dout: it ignores the given lse, and the
-// given out except under kExactGivenOutput, and returns the gradient of the exact function.
+// The forward writes the LSE as fp32 (`lse`) and/or fp64 (`lse_fp64`, unrounded).
+// The backward recomputes everything from q, k, v and dout in fp64: it ignores the given lse
+// (and lse_fp64), and the given out except under kExactGivenOutput, and returns the gradient
+// of the exact function.
 #pragma once
 
 #include "api/backend.h"
