@@ -15,52 +15,67 @@
 
 namespace {
 
-// A small valid fp32 host problem; each test breaks one thing.
-struct Problem {
-  int b = 2, sq = 5, sk = 7, hq = 4, hk = 2, d = 16;
-  std::vector<float> q, k, v, o, lse, dout, dq, dk, dv;
+// A small valid host problem of element type T (float: fp32, double: fp64, whose LSE then goes
+// to lse_fp64) with its params built; each test breaks one thing. The inputs are smooth
+// functions of the index (amp * sin/cos(f * i + phase)); the outputs start NaN-poisoned.
+template <class T>
+struct HostProblem {
+  static constexpr bool kFp64 = sizeof(T) == 8;
+  int b = 2, sq = 5, sk, hq = 4, hk = 2, d = 16;
+  std::vector<T> q, k, v, o, lse, dout, dq, dk, dv;
   flashattn_fwd_params fwd;
   flashattn_bwd_params bwd;
 
-  Problem() {
-    q.assign(size_t(b) * sq * hq * d, 0.25f);
-    k.assign(size_t(b) * sk * hk * d, -0.5f);
-    v.assign(size_t(b) * sk * hk * d, 1.5f);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37f * float(i));
-    for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.11f * float(i));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05f * float(i) + 1.f);
+  HostProblem(int seqlen_k, T amp_q, T phase_q, T amp_k, T phase_k) : sk(seqlen_k) {
+    q.resize(size_t(b) * sq * hq * d);
+    k.resize(size_t(b) * sk * hk * d);
+    v.resize(k.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = amp_q * std::sin(T(0.37) * T(i) + phase_q);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = amp_k * std::cos(T(0.11) * T(i) + phase_k);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(T(0.05) * T(i) + T(1));
     o.assign(q.size(), NAN);
     dout = q;
     dq.assign(q.size(), NAN);
     dk.assign(k.size(), NAN);
     dv.assign(v.size(), NAN);
     lse.assign(size_t(b) * hq * sq, NAN);
+    const flashattn_dtype dtype = kFp64 ? FLASHATTN_DTYPE_FP64 : FLASHATTN_DTYPE_FP32;
     fwd = flashattn_fwd_params_init();
-    fwd.dtype = FLASHATTN_DTYPE_FP32;
+    fwd.dtype = dtype;
     fwd.q = flashattn::contiguous_tensor(q.data(), b, sq, hq, d);
     fwd.k = flashattn::contiguous_tensor(k.data(), b, sk, hk, d);
     fwd.v = flashattn::contiguous_tensor(v.data(), b, sk, hk, d);
     fwd.out = flashattn::contiguous_tensor(o.data(), b, sq, hq, d);
-    fwd.lse = lse.data();
     bwd = flashattn_bwd_params_init();
-    bwd.dtype = FLASHATTN_DTYPE_FP32;
+    bwd.dtype = dtype;
     bwd.q = fwd.q;
     bwd.k = fwd.k;
     bwd.v = fwd.v;
     bwd.out = fwd.out;
     bwd.dout = flashattn::contiguous_tensor(dout.data(), b, sq, hq, d);
-    bwd.lse = lse.data();
     bwd.dq = flashattn::contiguous_tensor(dq.data(), b, sq, hq, d);
     bwd.dk = flashattn::contiguous_tensor(dk.data(), b, sk, hk, d);
     bwd.dv = flashattn::contiguous_tensor(dv.data(), b, sk, hk, d);
+    if constexpr (kFp64) {
+      fwd.lse_fp64 = lse.data();
+      bwd.lse_fp64 = lse.data();
+    } else {
+      fwd.lse = lse.data();
+      bwd.lse = lse.data();
+    }
   }
   bool outputs_untouched() const {
-    for (float x : o)
+    for (T x : o)
       if (!std::isnan(x)) return false;
-    for (float x : lse)
+    for (T x : lse)
       if (!std::isnan(x)) return false;
     return true;
   }
+};
+
+// The fp32 problem most tests break one field of.
+struct Problem : HostProblem<float> {
+  Problem() : HostProblem<float>(7, 1.f, 0.f, 1.f, 0.f) {}
 };
 
 // Expects `status` with a message containing `field`, and the output still poisoned.
@@ -347,44 +362,9 @@ TEST(Api, ExplicitBackendNotCompiledOrWrongPlace) {
 
 // A small fp64 problem (GQA, causal with sq < sk so no row is empty) with the LSE in fp64.
 // headdim 16: the default scale 1/4 is exact (options.softmax_scale is a float).
-struct Fp64Problem {
-  int b = 2, sq = 5, sk = 9, hq = 4, hk = 2, d = 16;
-  std::vector<double> q, k, v, o, dout, dq, dk, dv, lse;
-  flashattn_fwd_params fwd;
-  flashattn_bwd_params bwd;
-
-  Fp64Problem() {
-    q.resize(size_t(b) * sq * hq * d);
-    k.resize(size_t(b) * sk * hk * d);
-    v.resize(k.size());
-    for (size_t i = 0; i < q.size(); ++i) q[i] = 1.7 * std::sin(0.37 * double(i) + 0.1);
-    for (size_t i = 0; i < k.size(); ++i) k[i] = 1.3 * std::cos(0.11 * double(i) + 0.2);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.05 * double(i) + 1.0);
-    o.assign(q.size(), NAN);
-    dout = q;
-    dq.assign(q.size(), NAN);
-    dk.assign(k.size(), NAN);
-    dv.assign(v.size(), NAN);
-    lse.assign(size_t(b) * hq * sq, NAN);
-    fwd = flashattn_fwd_params_init();
-    fwd.dtype = FLASHATTN_DTYPE_FP64;
-    fwd.q = flashattn::contiguous_tensor(q.data(), b, sq, hq, d);
-    fwd.k = flashattn::contiguous_tensor(k.data(), b, sk, hk, d);
-    fwd.v = flashattn::contiguous_tensor(v.data(), b, sk, hk, d);
-    fwd.out = flashattn::contiguous_tensor(o.data(), b, sq, hq, d);
-    fwd.lse_fp64 = lse.data();
+struct Fp64Problem : HostProblem<double> {
+  Fp64Problem() : HostProblem<double>(9, 1.7, 0.1, 1.3, 0.2) {
     fwd.options.causal = 1;
-    bwd = flashattn_bwd_params_init();
-    bwd.dtype = FLASHATTN_DTYPE_FP64;
-    bwd.q = fwd.q;
-    bwd.k = fwd.k;
-    bwd.v = fwd.v;
-    bwd.out = fwd.out;
-    bwd.dout = flashattn::contiguous_tensor(dout.data(), b, sq, hq, d);
-    bwd.lse_fp64 = lse.data();
-    bwd.dq = flashattn::contiguous_tensor(dq.data(), b, sq, hq, d);
-    bwd.dk = flashattn::contiguous_tensor(dk.data(), b, sk, hk, d);
-    bwd.dv = flashattn::contiguous_tensor(dv.data(), b, sk, hk, d);
     bwd.options = fwd.options;
   }
   // LSE[b, h, i] straight from the header's definition, in long double.
