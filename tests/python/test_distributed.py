@@ -131,7 +131,11 @@ def _worker(rank, world, tmpdir):
             failed = True
     with open(os.path.join(tmpdir, f"result_{rank}.json"), "w") as f:
         json.dump(results, f)
-    dist.destroy_process_group()
+    # Leave without tearing gloo down: its teardown at interpreter exit intermittently aborts the
+    # process ("terminate called without an active exception", seen once in CI after every case had
+    # passed and written its result), which mp.spawn reports as a failure. The results are on disk.
+    dist.barrier()
+    os._exit(0)
 
 
 _RUNS = {}
