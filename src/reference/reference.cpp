@@ -163,6 +163,10 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
         const Acc scale = Acc(mo.softmax_scale);
         const Acc cap = Acc(mo.softcap);
         const bool softcap = mo.softcap > 0.f;
+        // Given an fp64 LSE (fp64 problems through the C ABI), P and D come from the caller's LSE
+        // and O, as on every other backend: exact for a whole row as before, and also right when
+        // K/V is only part of the row's keys (ring attention hands one block at a time).
+        const bool given_stats = p.lse_fp64 != nullptr;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (int i = 0; i < sb.seqlen_q; ++i) {
             const int kb = mask.key_begin(i), ke = mask.key_end(i);
@@ -179,12 +183,17 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               w.sc[j] = score<Acc>(md, mo, w.q.data(), w.K.data() + size_t(j) * d, d);
               if (w.sc[j].s > m) m = w.sc[j].s;
             }
-            Acc l = 0;
-            for (int j = kb; j < ke; ++j) {
-              w.pr[j] = std::exp(w.sc[j].s - m);
-              l += w.pr[j];
+            if (given_stats) {
+              const Acc lse = Acc(p.lse_fp64[sb.lse_offset + int64_t(h) * sb.lse_head_stride + i]);
+              for (int j = kb; j < ke; ++j) w.pr[j] = md.r(Acc(std::exp(w.sc[j].s - lse)));
+            } else {
+              Acc l = 0;
+              for (int j = kb; j < ke; ++j) {
+                w.pr[j] = std::exp(w.sc[j].s - m);
+                l += w.pr[j];
+              }
+              for (int j = kb; j < ke; ++j) w.pr[j] = md.r(w.pr[j] / l);
             }
-            for (int j = kb; j < ke; ++j) w.pr[j] = md.r(w.pr[j] / l);
             // dP = dO V^T, dS = P * (dP - D) with D = rowsum(dP * P) = rowsum(dO * O). Exact:
             // the former. Unfused: the latter on the output rounded to the input precision,
             // as a fused backward must do (it is handed O in the input dtype); this rounding
@@ -195,9 +204,9 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               const double* vj = w.V.data() + size_t(j) * d;
               for (int c = 0; c < d; ++c) acc += Acc(w.dout[c]) * Acc(vj[c]);
               w.dp[j] = md.r(acc);
-              if (md.exact && !md.given_output) D += w.pr[j] * w.dp[j];
+              if (md.exact && !md.given_output && !given_stats) D += w.pr[j] * w.dp[j];
             }
-            if (md.given_output) {
+            if (md.given_output || given_stats) {
               const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
               for (int c = 0; c < d; ++c) D += Acc(w.dout[c]) * Acc(load_double(p.o, p.dtype, oo + c));
             } else if (!md.exact) {

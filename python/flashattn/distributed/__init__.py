@@ -45,11 +45,10 @@ def _backend_auto():
 
 
 def _bwd_backend(device):
-    """The backward must compute P from the *given* (global) LSE. The reference backend, which
-    "auto" picks for float64 CPU inputs, recomputes the softmax of the block it is handed instead
-    (right for a whole row, wrong for a ring block), so CPU backwards run on the tiled cpu backend,
-    which takes the LSE (float32: it accumulates in fp32). GPU paths all take the given LSE."""
-    return _lib.backend_id("auto" if device.type == "cuda" else "cpu")
+    """The backward must compute P from the *given* (global) LSE and D from the global O. Every
+    backend does: the GPU paths and the cpu backend (float32 LSE), and the reference backend, which
+    "auto" picks for float64 CPU inputs, whenever its LSE is float64 (lse_fp64)."""
+    return _lib.backend_id("auto")
 
 
 # ---- group helpers ------------------------------------------------------------------------------
@@ -392,8 +391,6 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        if q.device.type != "cuda":
-            lse = lse.float()  # the cpu backend's LSE dtype (see _bwd_backend)
         dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, *ctx.meta)
         return dq, dk, dv, None, None, None, None, None, None
 
