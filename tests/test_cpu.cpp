@@ -646,6 +646,12 @@ TEST(CpuCAbi, NumThreadsOptionSetsTheWorkerCount) {
   c.causal = true;
   Problem p(c);
   ThreadsEnv env(3);
+  {
+    // One call before counting: in a CUDA build the first call may initialise the CUDA runtime
+    // (a pointer query), which starts threads of its own that are not ours.
+    flashattn_fwd_params fp = p.c_fwd_params(FLASHATTN_BACKEND_CPU);
+    ASSERT_EQ(flashattn_fwd(&fp, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  }
   for (int n : {1, 2, 5, 0}) {
     const int want = n == 0 ? 3 : n;  // 0: the environment's 3
     auto started = [&](flashattn_backend b, bool fwd) {
