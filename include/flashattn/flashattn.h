@@ -22,10 +22,22 @@
  * Otherwise LSE is [batch, nheads_q, seqlen_q]. LSE is contiguous fp32 (`lse`), or, for
  * FLASHATTN_DTYPE_FP64 problems on the reference backend, contiguous fp64 (`lse_fp64`).
  *
+ * ALiBi (alibi_slopes set): S_ij += -slope[b, h] * |i + seqlen_k - seqlen_q - j| after the
+ *   softcap, before masking (flash_attn's bias, bottom-right aligned; kept exact under causal
+ *   too, so the LSE includes the row term that flash_attn drops there).
+ * Dropout (options.dropout_p = p > 0): P_ij is kept iff a 16-bit random number r_ij >= t,
+ *   t = round(p * 65536) clamped to [1, 65535], and kept entries are scaled by 65536 / (65536 - t)
+ *   (so the drop probability is p to within 2^-17, and the output is unbiased). The LSE is not
+ *   affected. r_ij comes from Philox4x32-10 (Random123's and curand's generator), keyed by
+ *   dropout_seed, with counter words 2-3 = dropout_offset + (b * nheads_q + h) and words 0-1 the
+ *   element's 8-element unit {i0, i0+8} x {j0, j0+1, j0+8, j0+9} (src/common/dropout.h gives the
+ *   exact map): the same numbers on every backend, forward and backward. A caller making several
+ *   calls with one seed advances dropout_offset by batch * nheads_q per call.
+ *
  * ABI growth: struct_size is sizeof() of the caller's header version. The library accepts the
  * current size and every earlier one, and reads only the fields an earlier size covers (the
  * ones added later read as zero/NULL): flashattn_fwd_params/flashattn_bwd_params ended after
- * `varlen` before `lse_fp64` was added.
+ * `varlen` before `lse_fp64` was added, and after `lse_fp64` before the dropout/ALiBi fields.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -89,7 +101,7 @@ typedef struct flashattn_options {
   int32_t window_left;   /* -1 = unbounded */
   int32_t window_right;  /* -1 = unbounded; causal forces 0 */
   float softcap;         /* 0 = off; > 0 applies softcap * tanh(S / softcap) */
-  float dropout_p;       /* reserved: must be 0 */
+  float dropout_p;       /* in [0, 1): probability of dropping an entry of P (see Dropout above) */
   int32_t deterministic; /* backward: bitwise reproducible run to run */
   flashattn_backend backend;
   int32_t device;        /* -1: tensors in host memory; >= 0: CUDA device ordinal of the tensors */
@@ -125,6 +137,17 @@ typedef struct flashattn_fwd_params {
    * of `lse` and `lse_fp64`. Only the reference backend writes it (AUTO picks reference for
    * fp64); other backends refuse it (FLASHATTN_ERROR_NOT_SUPPORTED naming lse_fp64). */
   double* lse_fp64;
+  /* Appended with dropout and ALiBi (read only when struct_size covers them). */
+  uint64_t dropout_seed;   /* Philox key, when options.dropout_p > 0 */
+  uint64_t dropout_offset; /* Philox counter offset (see Dropout above) */
+  /* Optional: {seed, offset} as two uint64 in the tensors' memory space, read when the call
+   * runs instead of the two values above; a device pointer lets a captured CUDA graph draw a
+   * fresh seed per replay (the Python layer fills it with torch's generator). */
+  const uint64_t* dropout_rng_state;
+  /* Optional ALiBi slopes, fp32 in the tensors' memory space: [nheads_q] (batch stride 0) or
+   * [batch, nheads_q] with alibi_batch_stride >= nheads_q elements between sequences. */
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride;
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {
@@ -138,6 +161,17 @@ typedef struct flashattn_bwd_params {
   /* Appended (read only when struct_size covers it). Input: the forward's fp64 LSE, in place of
    * `lse` (set exactly one), under the same rules as flashattn_fwd_params.lse_fp64. */
   const double* lse_fp64;
+  /* Appended with dropout and ALiBi (read only when struct_size covers them). */
+  uint64_t dropout_seed;   /* Philox key, the forward's (the backward regenerates the same mask) */
+  uint64_t dropout_offset; /* Philox counter offset (see Dropout above) */
+  /* Optional: {seed, offset} as two uint64 in the tensors' memory space, read when the call
+   * runs instead of the two values above; a device pointer lets a captured CUDA graph draw a
+   * fresh seed per replay (the Python layer fills it with torch's generator). */
+  const uint64_t* dropout_rng_state;
+  /* Optional ALiBi slopes, fp32 in the tensors' memory space: [nheads_q] (batch stride 0) or
+   * [batch, nheads_q] with alibi_batch_stride >= nheads_q elements between sequences. */
+  const float* alibi_slopes;
+  int64_t alibi_batch_stride;
 } flashattn_bwd_params;
 
 typedef struct flashattn_device_info {

@@ -18,10 +18,10 @@ namespace flashattn {
 #if UINTPTR_MAX == UINT64_MAX
 static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
 static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && offsetof(flashattn_fwd_params, lse_fp64) == 376 &&
-                  sizeof(flashattn_fwd_params) == 384,
+                  offsetof(flashattn_fwd_params, dropout_seed) == 384 && sizeof(flashattn_fwd_params) == 424,
               "flashattn_fwd_params layout changed");
 static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && offsetof(flashattn_bwd_params, lse_fp64) == 664 &&
-                  sizeof(flashattn_bwd_params) == 672,
+                  offsetof(flashattn_bwd_params, dropout_seed) == 672 && sizeof(flashattn_bwd_params) == 712,
               "flashattn_bwd_params layout changed");
 #endif
 
@@ -89,11 +89,8 @@ flashattn_status check_options(const flashattn_options& o, CallContext* ctx) {
                      o.window_right);
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.f))
     return set_error(kInvalid, "options.softcap: %g (must be finite and >= 0)", double(o.softcap));
-  if (!(o.dropout_p == 0.f)) {
-    if (!(o.dropout_p > 0.f && o.dropout_p < 1.f))
-      return set_error(kInvalid, "options.dropout_p: %g (must be in [0, 1))", double(o.dropout_p));
-    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "options.dropout_p: dropout is not implemented yet");
-  }
+  if (!(o.dropout_p >= 0.f && o.dropout_p < 1.f))
+    return set_error(kInvalid, "options.dropout_p: %g (must be in [0, 1))", double(o.dropout_p));
   if (o.deterministic != 0 && o.deterministic != 1)
     return set_error(kInvalid, "options.deterministic: %d (0 or 1)", o.deterministic);
   if (o.num_threads < 0)
@@ -337,17 +334,24 @@ constexpr size_t size_before_lse_fp64() {
 static_assert(size_before_lse_fp64<flashattn_fwd_params>() <= offsetof(flashattn_fwd_params, lse_fp64), "");
 static_assert(size_before_lse_fp64<flashattn_bwd_params>() <= offsetof(flashattn_bwd_params, lse_fp64), "");
 
+// ... and before the dropout/ALiBi fields were appended after lse_fp64.
+template <typename P>
+constexpr size_t size_before_dropout() {
+  return offsetof(P, dropout_seed);
+}
+
 // Copies the caller's struct into *full: the current size, or an earlier version's (struct_size
-// says which), whose later fields are not read and stay zero (lse_fp64 = NULL).
+// says which), whose later fields are not read and stay zero (lse_fp64 = NULL, no ALiBi, dropout
+// seed 0).
 template <typename P>
 flashattn_status check_header(const P* p, const char* what, P* full) {
   if (p == nullptr) return set_error(kInvalid, "params: NULL");
   const size_t n = p->struct_size;
-  if (n != sizeof(P) && n != size_before_lse_fp64<P>())
+  if (n != sizeof(P) && n != size_before_dropout<P>() && n != size_before_lse_fp64<P>())
     return set_error(kInvalid,
-                     "params.struct_size: %u, expected sizeof(%s) = %zu, or %zu from a header before lse_fp64 "
-                     "(header/library mismatch?)",
-                     p->struct_size, what, sizeof(P), size_before_lse_fp64<P>());
+                     "params.struct_size: %u, expected sizeof(%s) = %zu, or %zu / %zu from a header before the "
+                     "dropout fields / before lse_fp64 (header/library mismatch?)",
+                     p->struct_size, what, sizeof(P), size_before_dropout<P>(), size_before_lse_fp64<P>());
   std::memset(static_cast<void*>(full), 0, sizeof(P));
   std::memcpy(static_cast<void*>(full), p, n);
   return FLASHATTN_SUCCESS;
@@ -360,6 +364,33 @@ flashattn_status check_lse_fp64(flashattn_dtype dtype, const void* lse, const vo
     return set_error(kInvalid, "lse_fp64: set, but dtype is %s (an fp64 LSE needs dtype fp64; use lse)",
                      dtype_name(dtype));
   if (lse != nullptr) return set_error(kInvalid, "lse_fp64: set together with lse (set at most one)");
+  return FLASHATTN_SUCCESS;
+}
+
+// dropout_rng_state and alibi_slopes: aligned, in the tensors' memory space; the ALiBi batch
+// stride 0 (one slope per head) or at least nheads_q. Fills the normalized policies.
+template <typename P>
+flashattn_status check_score_mods(const P& p, const Shape& sh, const CallContext& ctx, Dropout* dropout,
+                                  Alibi* alibi) {
+  flashattn_status s;
+  if (p.dropout_rng_state != nullptr) {
+    if (!(p.options.dropout_p > 0.f))
+      return set_error(kInvalid, "dropout_rng_state: set, but options.dropout_p is 0 (no dropout)");
+    if ((s = check_lse("dropout_rng_state", p.dropout_rng_state, false, 0, ctx, sizeof(uint64_t))) != FLASHATTN_SUCCESS)
+      return s;
+  }
+  if (p.alibi_slopes == nullptr) {
+    if (p.alibi_batch_stride != 0)
+      return set_error(kInvalid, "alibi_batch_stride: %lld, but alibi_slopes is NULL", (long long)p.alibi_batch_stride);
+  } else {
+    if ((s = check_lse("alibi_slopes", p.alibi_slopes, false, 0, ctx)) != FLASHATTN_SUCCESS) return s;
+    if (p.alibi_batch_stride != 0 && p.alibi_batch_stride < sh.nheads_q)
+      return set_error(kInvalid, "alibi_batch_stride: %lld (0 for slopes [nheads_q], or >= nheads_q = %d for [batch, nheads_q])",
+                       (long long)p.alibi_batch_stride, sh.nheads_q);
+  }
+  *dropout = Dropout::make(p.options.dropout_p, p.dropout_seed, p.dropout_offset, p.dropout_rng_state);
+  alibi->slopes = p.alibi_slopes;
+  alibi->batch_stride = p.alibi_batch_stride;
   return FLASHATTN_SUCCESS;
 }
 
@@ -387,6 +418,7 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
   out->o = p->out.data;
   out->lse = p->lse;
   out->lse_fp64 = p->lse_fp64;
+  if ((s = check_score_mods(*p, sh, *ctx, &out->dropout, &out->alibi)) != FLASHATTN_SUCCESS) return s;
   out->q_stride = row_strides(p->q, varlen);
   out->k_stride = row_strides(p->k, varlen);
   out->v_stride = row_strides(p->v, varlen);
@@ -430,6 +462,7 @@ flashattn_status normalize_bwd(const flashattn_bwd_params* caller, void* stream,
   out->dq = p->dq.data;
   out->dk = p->dk.data;
   out->dv = p->dv.data;
+  if ((s = check_score_mods(*p, sh, *ctx, &out->dropout, &out->alibi)) != FLASHATTN_SUCCESS) return s;
   out->q_stride = row_strides(p->q, varlen);
   out->k_stride = row_strides(p->k, varlen);
   out->v_stride = row_strides(p->v, varlen);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/hd.h"
 #include "flashattn/flashattn.h"
 
@@ -52,6 +54,8 @@ struct FwdParams {
   const int32_t* cu_seqlens_q;  // null = fixed length
   const int32_t* cu_seqlens_k;
   double* lse_fp64 = nullptr;  // fp64 LSE output (FP64 dtype, reference backend only); lse is then null
+  Dropout dropout;             // off unless dropout_p > 0
+  Alibi alibi;                 // off unless slopes are given
 };
 
 struct BwdParams {
@@ -72,6 +76,8 @@ struct BwdParams {
   const int32_t* cu_seqlens_k;
   bool deterministic;
   const double* lse_fp64 = nullptr;  // fp64 LSE input (FP64 dtype, reference backend only); lse is then null
+  Dropout dropout;                   // the forward's: the backward regenerates its mask
+  Alibi alibi;
 };
 
 // Where sequence `b` lives: its row offset in the packed tensors and its lengths.

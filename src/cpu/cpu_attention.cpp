@@ -560,8 +560,21 @@ flashattn_status fail(const char* what, const std::string& err) {
                    "cpu %s: %s", what, err.c_str());
 }
 
-const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
-const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
+// Dropout and ALiBi: refused by name until this path implements them (never ignored).
+template <class P>
+const char* unsupported_mods(const P& p) {
+  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the cpu path yet";
+  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the cpu path yet";
+  return nullptr;
+}
+const char* fwd_unsupported(const FwdParams& p) {
+  if (const char* why = unsupported_mods(p)) return why;
+  return unsupported_dtype(p.dtype);
+}
+const char* bwd_unsupported(const BwdParams& p) {
+  if (const char* why = unsupported_mods(p)) return why;
+  return unsupported_dtype(p.dtype);
+}
 size_t fwd_ws(const FwdParams&) { return 0; }
 flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p); }
 flashattn_status bwd_entry(const BwdParams& p, void* ws, void*) { return bwd(p, ws); }

@@ -287,8 +287,21 @@ const char* unsupported_dtype(flashattn_dtype dtype) {
   return "dtype: unknown value for the reference backend";
 }
 
-const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
-const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
+// Dropout and ALiBi: refused by name until this path implements them (never ignored).
+template <class P>
+const char* unsupported_mods(const P& p) {
+  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the reference path yet";
+  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the reference path yet";
+  return nullptr;
+}
+const char* fwd_unsupported(const FwdParams& p) {
+  if (const char* why = unsupported_mods(p)) return why;
+  return unsupported_dtype(p.dtype);
+}
+const char* bwd_unsupported(const BwdParams& p) {
+  if (const char* why = unsupported_mods(p)) return why;
+  return unsupported_dtype(p.dtype);
+}
 size_t fwd_ws(const FwdParams&) { return 0; }
 size_t bwd_ws(const BwdParams&) { return 0; }
 flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p, Rounding::kExact); }
