@@ -87,6 +87,10 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
   cute::clear(tdVrdV);
   typename Mainloop::PipelineState state;
   Mainloop::mma(p.mainloop, ss.tensors.mainloop, ss.barriers, pipe_q, pipe_do, state, w, tdKrdK, tdVrdV, mma_tidx);
+  if (p.mainloop.bwd.dropout.enabled()) {  // dV summed the kept P; kept entries are 1 / keep probability
+#pragma unroll
+    for (int i = 0; i < cute::size(tdVrdV); ++i) tdVrdV(i) *= p.mainloop.bwd.dropout.scale;
+  }
   K::Epilogue::store(p.epilogue, ss.tensors.epilogue, w.seq, w.n_block, w.kv_head, w.batch, tdKrdK, tdVrdV,
                      mma_tidx);
 }

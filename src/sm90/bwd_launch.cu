@@ -90,8 +90,6 @@ BwdEntry find_bwd(int headdim, flashattn_dtype dt) {
 
 const char* bwd_unsupported(const BwdParams& p) {
   static thread_local char msg[160];
-  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the sm90 path yet";
-  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the sm90 path yet";
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
     return "dtype: only fp16 and bf16 are supported by sm90";
   const BwdEntry e = find_bwd(p.shape.headdim, p.dtype);

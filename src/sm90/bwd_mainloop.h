@@ -23,7 +23,9 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/dropout_tile.h"
 #include "common/mask.h"
+#include "common/score_mods.h"
 #include "common/params.h"
 #include "common/softmax.h"
 #include "sm90/bwd_shapes.h"
@@ -338,14 +340,27 @@ struct BwdMainloop {
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor ds = make_tensor(tdPrdP.data(), s.layout());
       // Four copies of the elementwise code, picked per step by uniform branches, so interior
-      // tiles pay for no mask and softcap-free calls for no tanh.
-      const bool masked = w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
+      // tiles pay for no mask and softcap-free calls for no tanh. ALiBi and dropout take the
+      // general (masked) copy.
+      const ScoreMods mods = ScoreMods::make(p.bwd, tf, w.seq, w.batch, q_head);
+      const bool masked = mods.any() || w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
       auto elementwise = [&](auto masked_tag, auto softcap_tag) {
-        scores_to_p<decltype(masked_tag)::value, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, m_block, key0);
+        constexpr bool kGeneral = decltype(masked_tag)::value;
+        scores_to_p<kGeneral, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, mods, m_block, key0);
+        // The keep bits, drawn while dP^T still runs: bit (r, c) of S^T's row/col view.
+        DropoutMask<decltype(cS_rc), false, true> keep;
+        if constexpr (kGeneral) {
+          if (mods.dropout()) keep.generate(cS_rc, key0, m_block * kBlockM, mods);
+        }
         Tensor dsum = tDsD(_, stage);
         warpgroup_wait<0>();  // dP^T ready
         warpgroup_fence_operand(tdPrdP);
-        dp_to_ds<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf);
+        if constexpr (kGeneral) {
+          dp_to_ds_general<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf, mods, keep, cS_rc, key0,
+                                                         m_block * kBlockM, p.bwd.dropout.scale);
+        } else {
+          dp_to_ds<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf);
+        }
       };
       if (tf.softcap > 0.f) {
         if (masked) elementwise(cute::true_type{}, cute::true_type{});
@@ -414,10 +429,28 @@ struct BwdMainloop {
   }
 
  private:
-  // S^T (rowcol: keys x queries) -> P^T = exp2(capped score * exp2_scale - LSE); masked 0.
+  // S^T (rowcol: keys x queries) -> P^T = exp2((capped score + ALiBi) * exp2_scale - LSE);
+  // masked 0. kMasked is the general copy: the mask and ALiBi.
   template <bool kMasked, bool kSoftcap, class TensorS, class TensorL, class TensorC>
   __device__ static void scores_to_p(TensorS& s, const TensorL& lse, const TensorC& coord, const BwdWork& w,
-                                     const ScoreTransform& tf, int m_block, int key0) {
+                                     const ScoreTransform& tf, const ScoreMods& mods, int m_block, int key0) {
+    using namespace cute;
+    if constexpr (kMasked) {
+      if (mods.alibi()) {
+        if constexpr (kSoftcap) {
+#pragma unroll
+          for (int i = 0; i < size(s); ++i) s(i) = tf.softcap * tanhf(s(i) * tf.pre_scale);
+        }
+        alibi_apply<false>(s, coord, key0, m_block * kBlockM, mods);
+        scores_to_p_capped<kMasked>(s, lse, coord, w, tf, m_block, key0);
+        return;
+      }
+    }
+    scores_to_p_capped<kMasked, kSoftcap>(s, lse, coord, w, tf, m_block, key0);
+  }
+  template <bool kMasked, bool kSoftcap = false, class TensorS, class TensorL, class TensorC>
+  __device__ static void scores_to_p_capped(TensorS& s, const TensorL& lse, const TensorC& coord, const BwdWork& w,
+                                            const ScoreTransform& tf, int m_block, int key0) {
     using namespace cute;
 #pragma unroll
     for (int c = 0; c < size<1>(s); ++c) {
@@ -458,6 +491,34 @@ struct BwdMainloop {
           v = p(r, c) == 0.f ? 0.f : v * tf.dtanh_factor(capped);
         }
         ds(r, c) = v;
+      }
+    }
+  }
+
+  // dp_to_ds with ALiBi and dropout. The GEMM gave dP of the dropped P, so
+  //   dS^T = P^T (keep * scale * dP^T - D)   (dropped entries: -P^T D),
+  // and P^T keeps only the kept entries for dV += P^T dO (the 1 / keep probability multiplies
+  // dV once, in the kernel). With softcap the capped score is P's exponent minus the bias.
+  template <bool kSoftcap, class TensorS, class TensorL, class TensorD, class Keep, class TensorC>
+  __device__ static void dp_to_ds_general(TensorS& p, TensorS& ds, const TensorL& lse, const TensorD& dsum,
+                                          const ScoreTransform& tf, const ScoreMods& mods, const Keep& keep,
+                                          const TensorC& coord, int key0, int query0, float dropout_scale) {
+    using namespace cute;
+    const bool dropout = mods.dropout();
+#pragma unroll
+    for (int c = 0; c < size<1>(p); ++c) {
+#pragma unroll
+      for (int r = 0; r < size<0>(p); ++r) {
+        const bool kept = !dropout || keep.keep(r, c);
+        const float dp = kept ? (dropout ? ds(r, c) * dropout_scale : ds(r, c)) : 0.f;
+        float v = p(r, c) * (dp - dsum(c));
+        if constexpr (kSoftcap) {
+          float capped = (log2f(p(r, c)) + lse(c)) * (1.f / tf.exp2_scale);
+          if (mods.alibi()) capped -= mods.alibi_units(query0 + get<1>(coord(r, c)), key0 + get<0>(coord(r, c)));
+          v = p(r, c) == 0.f ? 0.f : v * tf.dtanh_factor(capped);
+        }
+        ds(r, c) = v;
+        if (!kept) p(r, c) = 0.f;
       }
     }
   }

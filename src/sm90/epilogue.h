@@ -92,6 +92,10 @@ struct Epilogue {
     constexpr int kRows = sizeof(sm.row) / sizeof(sm.row[0]);
     float inv[kRows], lse[kRows];
     sm.finalize(inv, lse);
+    if (w.mods.dropout()) {  // kept entries of P are 1 / keep probability (common/dropout.h)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) inv[r] *= p.dropout.scale;
+    }
     Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     rescale_rows(o, inv);
 

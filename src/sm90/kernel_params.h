@@ -13,6 +13,7 @@
 
 #include "common/mask.h"
 #include "common/params.h"
+#include "common/score_mods.h"
 #include "sm90/tile_scheduler.h"
 
 namespace flashattn::sm90 {
@@ -69,6 +70,7 @@ struct TileWork {
   Mask mask;
   int n_begin, n_end;  // key blocks [n_begin, n_end); the loop runs from n_end - 1 down
   bool has_rows;       // some query row of the tile exists (else: nothing to do at all)
+  ScoreMods mods;      // ALiBi and dropout of (batch, head); the producer leaves it unused
 
   __device__ bool empty() const { return n_end <= n_begin; }
 };
@@ -79,6 +81,7 @@ __device__ __forceinline__ TileWork make_tile_work(const FwdParams& p, const Til
   w.seq = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, t.batch);
   w.mask = make_mask(p.mask, w.seq);
   w.has_rows = t.m_block * Traits::kBlockM < w.seq.seqlen_q;
+  w.mods = ScoreMods::make(p, ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap), w.seq, t.batch, t.head);
   w.n_begin = w.n_end = 0;
   if (w.has_rows && w.seq.seqlen_k > 0)
     w.mask.key_block_range(t.m_block * Traits::kBlockM, Traits::kBlockM, Traits::kBlockN, &w.n_begin, &w.n_end);

@@ -15,6 +15,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/dropout_tile.h"
 #include "common/mask.h"
 #include "sm90/gemm.h"
 #include "sm90/kernel_params.h"
@@ -111,7 +112,7 @@ struct Mainloop {
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
     softmax_block(tSrS, w, m_block, w.n_end - 1, sm, mma_tidx);
-    convert_fragment(tSrS, tOrP);
+    convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
@@ -143,7 +144,7 @@ struct Mainloop {
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
       pipes.v.consumer_release(v_read);
-      convert_fragment(tSrS, tOrP);
+      convert_p(tSrS, w, m_block, n, mma_tidx);
     }
     pipes.q.consumer_release(q_read);  // every Q K^T of the tile has completed
     ++q_read;
@@ -184,7 +185,7 @@ struct Mainloop {
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
       softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
-      convert_fragment(tSrS, tOrP);
+      convert_p(tSrS, w, m_block, n, mma_tidx);
       if (rescale_o) rescale_rows(o_rc, scale);
       pipes.v.consumer_wait(kv_read);
       gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, kv_read.index()), tOrO);
@@ -219,22 +220,44 @@ struct Mainloop {
     return TiledMmaPV{}.get_thread_slice(mma_tidx).partition_fragment_B(sVt);
   }
 
-  // Softcap + boundary mask + online softmax of key block n; leaves P (fp32) in tSrS and the
-  // O rescale factors in scale.
+  // Softcap + ALiBi + boundary mask + online softmax of key block n; leaves P (fp32) in tSrS
+  // and the O rescale factors in scale. The softmax sums the undropped P (the LSE ignores
+  // dropout); convert_p drops entries, and the epilogue applies the 1 / keep probability to O.
   template <class TensorS>
   __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, Softmax& sm, int mma_tidx) {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     sm.apply_softcap(s);
-    const int row0 = m_block * kBlockM;
+    const int row0 = m_block * kBlockM, col0 = n * kBlockN;
+    Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
+        make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor cS = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
+    if (w.mods.alibi()) alibi_apply<true>(s, cS, row0, col0, w.mods);
     // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
     // varlen sequence) and the epilogue never stores them.
-    if (w.mask.tile_needs_key_mask(row0, kBlockM, n * kBlockN, kBlockN)) {
+    if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
+    rescale_o = sm.step(s, scale);
+  }
+
+  // P_j (fp32) -> the 16-bit A operand of P V, dropped entries zeroed there: after the
+  // conversion S is dead, so the Philox draws find registers free (on S they spilled).
+  template <class TensorS>
+  __device__ void convert_p(const TensorS& tSrS, const TileWork& w, int m_block, int n, int mma_tidx) {
+    using namespace cute;
+    convert_fragment(tSrS, tOrP);
+    if (w.mods.dropout()) {
+      Tensor p = make_tensor(tOrP.data(), acc_rowcol(tSrS.layout()));  // same register order as S
       Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
           make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
-      apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, n * kBlockN);
+      using CoordS = decltype(make_tensor(tScS.data(), acc_rowcol(tScS.layout())));
+      DropoutMask<CoordS, true, true> keep;
+      keep.generate(make_tensor(tScS.data(), acc_rowcol(tScS.layout())), m_block * kBlockM, n * kBlockN, w.mods);
+#pragma unroll
+      for (int r = 0; r < size<0>(p); ++r)
+#pragma unroll
+        for (int c = 0; c < size<1>(p); ++c)
+          if (!keep.keep(r, c)) p(r, c) = Element(0.f);
     }
-    rescale_o = sm.step(s, scale);
   }
 };
 

@@ -1,0 +1,118 @@
+// The dropout keep-mask over a thread's part of an S accumulator (CUDA, CuTe tensors), shared
+// by the sm80 (mma.sync) and sm90 (WGMMA) kernels. Both lay a 16-row block of S out so that a
+// thread holds entries in quads {i, i+8} x {j, j+1} (j even, i % 16 < 8): in the row/col view
+// (rows (2, ...), cols (2, ...)) quad (m, g) is rows 2m, 2m+1 and cols 2g, 2g+1. A dropout
+// unit (common/dropout.h) is two quads 8 columns apart, so:
+//  - rows are queries (S): one Philox per unit when the thread's column groups 2g' and 2g'+1
+//    are 8 columns apart (kPaired: WGMMA, or mma.sync with one warp across the keys), else one
+//    per quad (half the unit's numbers unused);
+//  - rows are keys (S^T, the sm90 backward): a quad spans two query rows (j, j+1 as queries),
+//    each in a different unit, so two Philox per pair of quads (kPaired) or per quad.
+// The unit comes from a quad's first entry; the lanes from the layout above. The GPU tests
+// compare against the oracle, which draws every entry on its own (Dropout::keep).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/dropout.h"
+#include "common/score_mods.h"
+
+namespace flashattn {
+
+// The keep bits of a thread's entries, one bit each, drawn group by group in a loop that is
+// not unrolled: one Philox in flight at a time, so the draws need a dozen registers wherever
+// they run (unrolled over a whole tile they spilled). A group is a pair of quads (kPaired)
+// or one quad; its bits are contiguous, so a group never straddles a word. keep(r, c) with
+// compile-time r, c (the callers' unrolled loops) folds to one bit test.
+template <class TensorC, bool kRowsAreQueries, bool kPaired>
+struct DropoutMask {
+  static constexpr int kR = decltype(cute::size<0>(TensorC{}))::value;
+  static constexpr int kC = decltype(cute::size<1>(TensorC{}))::value;
+  static_assert(kR % 2 == 0 && kC % 2 == 0, "quads of 2 x 2 entries");
+  static constexpr int kGroupQuads = kPaired ? 2 : 1;
+  static_assert((kC / 2) % kGroupQuads == 0, "paired quads");
+  static constexpr int kGroupsPerRowPair = kC / 2 / kGroupQuads;
+  static constexpr int kGroups = kR / 2 * kGroupsPerRowPair;
+  static constexpr int kBitsPerGroup = 4 * kGroupQuads;  // 8 or 4: divides 32
+  static constexpr int kWords = (kGroups * kBitsPerGroup + 31) / 32;
+  uint32_t words[kWords];
+
+  // Entry (r, c): quad (r / 2, c / 2), row rr and column pp within the quad. Rows-are-queries
+  // bits follow the unit's lanes (rr * 4 + qo * 2 + pp); rows-are-keys bits pp * 4 + qo * 2 + rr.
+  __host__ __device__ static constexpr int bit(int r, int c) {
+    const int m = r / 2, rr = r % 2, quad = c / 2, pp = c % 2, qo = quad % kGroupQuads;
+    const int g = m * kGroupsPerRowPair + quad / kGroupQuads;
+    const int pos = kRowsAreQueries ? (rr * kGroupQuads + qo) * 2 + pp : (pp * kGroupQuads + qo) * 2 + rr;
+    return g * kBitsPerGroup + pos;
+  }
+  __device__ __forceinline__ bool keep(int r, int c) const {
+    const int b = bit(r, c);
+    return (words[b / 32] >> (b % 32)) & 1u;
+  }
+
+  __device__ __forceinline__ static uint32_t r16(const Philox4& x, int lane) {
+    const uint32_t w = (lane & 4) ? ((lane & 2) ? x.x[3] : x.x[2]) : ((lane & 2) ? x.x[1] : x.x[0]);
+    return (lane & 1) ? (w >> 16) : (w & 0xffffu);
+  }
+
+  // coord(r, c) = (row, col) of entry (r, c) within the tile at (row0, col0).
+  __device__ __forceinline__ void generate(const TensorC& coord, int row0, int col0, const ScoreMods& mods) {
+    using namespace cute;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) words[w] = 0u;
+#pragma unroll 1
+    for (int g = 0; g < kGroups; ++g) {
+      const int m = g / kGroupsPerRowPair, quad0 = (g % kGroupsPerRowPair) * kGroupQuads;
+      uint32_t bits = 0u;
+      if constexpr (kRowsAreQueries) {
+        const int i = row0 + get<0>(coord(2 * m, 2 * quad0)), j = col0 + get<1>(coord(2 * m, 2 * quad0));
+        const Philox4 x = Dropout::unit_bits(mods.seed, mods.stream, Dropout::unit_row(i), Dropout::unit_col(j));
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+          for (int qo = 0; qo < kGroupQuads; ++qo)
+#pragma unroll
+            for (int pp = 0; pp < 2; ++pp) {
+              // Paired: the quads are columns j and j + 8 of one unit; alone, its own half.
+              const int lane = rr * 4 + (kPaired ? qo : ((j >> 3) & 1)) * 2 + pp;
+              bits |= uint32_t(r16(x, lane) >= mods.dropout_threshold) << ((rr * kGroupQuads + qo) * 2 + pp);
+            }
+      } else {
+#pragma unroll
+        for (int pp = 0; pp < 2; ++pp) {
+          const int key = row0 + get<0>(coord(2 * m, 2 * quad0 + pp));
+          const int query = col0 + get<1>(coord(2 * m, 2 * quad0 + pp));
+          const Philox4 x =
+              Dropout::unit_bits(mods.seed, mods.stream, Dropout::unit_row(query), Dropout::unit_col(key));
+#pragma unroll
+          for (int qo = 0; qo < kGroupQuads; ++qo)
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              // Paired: the quads are queries q and q + 8 of one unit; keys k, k + 8 are its rows.
+              const int lane = (kPaired ? qo : ((query >> 3) & 1)) * 4 + rr * 2 + (key & 1);
+              bits |= uint32_t(r16(x, lane) >= mods.dropout_threshold) << ((pp * kGroupQuads + qo) * 2 + rr);
+            }
+        }
+      }
+      const int b0 = g * kBitsPerGroup;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w)
+        if (w == b0 / 32) words[w] |= bits << (b0 % 32);
+    }
+  }
+};
+
+// ALiBi over the row/col view: s(r, c) += bias in apply()'s units (rows are queries or keys).
+template <bool kRowsAreQueries, class TensorS, class TensorC>
+__device__ __forceinline__ void alibi_apply(TensorS& s, const TensorC& coord, int row0, int col0, const ScoreMods& mods) {
+  using namespace cute;
+#pragma unroll
+  for (int r = 0; r < size<0>(s); ++r)
+#pragma unroll
+    for (int c = 0; c < size<1>(s); ++c) {
+      const int a = row0 + get<0>(coord(r, c)), b = col0 + get<1>(coord(r, c));
+      s(r, c) += kRowsAreQueries ? mods.alibi_units(a, b) : mods.alibi_units(b, a);
+    }
+}
+
+}  // namespace flashattn
