@@ -136,21 +136,8 @@ flashattn_status bwd_typed(const BwdParams& p, void* ws, cudaStream_t stream) {
   return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", unsupported(p.dtype, p.shape.headdim));
 }
 
-// Dropout and ALiBi: refused by name until this path implements them (never ignored).
-template <class P>
-const char* unsupported_mods(const P& p) {
-  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the sm80 path yet";
-  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the sm80 path yet";
-  return nullptr;
-}
-const char* fwd_unsupported(const FwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported(p.dtype, p.shape.headdim);
-}
-const char* bwd_unsupported(const BwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported(p.dtype, p.shape.headdim);
-}
+const char* fwd_unsupported(const FwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
 size_t fwd_workspace(const FwdParams&) { return 0; }
 size_t bwd_workspace(const BwdParams& p) {
   const int kd = kernel_headdim(p.shape.headdim);

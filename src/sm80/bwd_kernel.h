@@ -11,7 +11,9 @@
 
 #include <cmath>
 
+#include "common/dropout_tile.h"
 #include "common/mask.h"
+#include "common/score_mods.h"
 #include "common/params.h"
 #include "common/softmax.h"
 #include "sm80/kernel_traits.h"
@@ -213,9 +215,10 @@ __device__ __forceinline__ void atomic_add_4(float* dst, float a, float b, float
 #endif
 }
 
-// kSoftcapOrDeterministic compiles the code of those two options (each still tested at run
-// time); without it the common case carries none of their branches, registers or spills.
-template <typename Kt, bool kSoftcapOrDeterministic>
+// kRareOptions compiles the code of softcap, deterministic, ALiBi and dropout (each still
+// tested at run time); without it the common case carries none of their branches, registers
+// or spills.
+template <typename Kt, bool kRareOptions>
 __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p, const BwdWorkspace ws) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
@@ -416,10 +419,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
       cute::cp_async_fence();
     }
     Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
-    if (kSoftcapOrDeterministic && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+    if (kRareOptions && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
 #pragma unroll
       for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
     }
+    ScoreMods mods;  // ALiBi and dropout of (b, h): off unless kRareOptions
+    if constexpr (kRareOptions) mods = ScoreMods::make(p, st, sb, b, h);
+    if (kRareOptions && mods.alibi()) alibi_apply<true>(scores, tScS_rc, m0, n0, mods);
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {  // rows past the end see no key
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
@@ -432,9 +438,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
         }
       }
     }
+    // Dropout's keep bits (common/dropout_tile.h); dV sums the kept P, scaled once at the end.
+    DropoutMask<decltype(tScS_rc), true, Kt::kWarpsNSdP == 1> keep;
+    const bool dropout = kRareOptions && mods.dropout();
+    if (dropout) keep.generate(tScS_rc, m0, n0, mods);
     // P goes to smem (for dV) in the input precision; `scores` keeps P * d(capped)/d(raw)
     // (the softcap's 1 - tanh^2, else 1) in fp32 for dS.
-    if (kSoftcapOrDeterministic && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
+    if (kRareOptions && __builtin_expect(st.softcap > 0.f, 0)) {  // a branch, not predication
       Tensor rP = make_tensor<Element>(acc_s.layout());
       Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
 #pragma unroll
@@ -443,9 +453,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
         for (int ni = 0; ni < kCols; ++ni) {
           const float s = scores(mi, ni);
           const float prob = exp2f(fmaf(s, st.exp2_scale, -lse2[mi]));
-          rP_rc(mi, ni) = Element(prob);
-          // Masked scores are -inf: their 1 - tanh^2 would be -inf, times P = 0 a NaN.
-          scores(mi, ni) = prob * fmaxf(st.dtanh_factor(s), 0.f);
+          rP_rc(mi, ni) = Element(dropout && !keep.keep(mi, ni) ? 0.f : prob);
+          // The capped score without ALiBi's bias. Masked scores are -inf: their 1 - tanh^2
+          // would be -inf, times P = 0 a NaN.
+          const float capped = mods.alibi() ? s - mods.alibi_units(m0 + get<0>(tScS_rc(mi, ni)),
+                                                                   n0 + get<1>(tScS_rc(mi, ni)))
+                                            : s;
+          scores(mi, ni) = prob * fmaxf(st.dtanh_factor(capped), 0.f);
         }
       }
       cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
@@ -456,6 +470,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
         for (int ni = 0; ni < kCols; ++ni) scores(mi, ni) = exp2f(fmaf(scores(mi, ni), st.exp2_scale, -lse2[mi]));
       }
       Tensor rP = convert_type<Element>(acc_s);  // packed conversions
+      if (dropout) {
+        Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
+#pragma unroll
+        for (int mi = 0; mi < kRows; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kCols; ++ni)
+            if (!keep.keep(mi, ni)) rP_rc(mi, ni) = Element(0.f);
+      }
       cute::copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
     }
 
@@ -465,10 +487,19 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     Tensor tdPsdO_s = at_stage(tdPsdO, stage);
     gemm_ss(acc_dp, tdPrdO, tdPrV, tdPsdO_s, tdPsV, mma_sdp, copy_a_sdp, copy_b_sdp, thr_copy_a_sdp, thr_copy_b_sdp);
     Tensor dS = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));
+    if (dropout) {  // dP of the dropped P: dS = P (keep * scale * dP - D)
 #pragma unroll
-    for (int mi = 0; mi < kRows; ++mi) {
+      for (int mi = 0; mi < kRows; ++mi) {
 #pragma unroll
-      for (int ni = 0; ni < kCols; ++ni) dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum[mi]);
+        for (int ni = 0; ni < kCols; ++ni)
+          dS(mi, ni) = scores(mi, ni) * ((keep.keep(mi, ni) ? dS(mi, ni) * p.dropout.scale : 0.f) - dsum[mi]);
+      }
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < kRows; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kCols; ++ni) dS(mi, ni) = scores(mi, ni) * (dS(mi, ni) - dsum[mi]);
+      }
     }
     Tensor rdS = convert_type<Element>(acc_dp);
     cute::copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
@@ -503,7 +534,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
     gemm_ss(acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, mma_dq, copy_a_dq, copy_b_dq, thr_copy_a_dq, thr_copy_b_dq);
 
     int* sem = nullptr;
-    if (kSoftcapOrDeterministic && ws.semaphores != nullptr) {
+    if (kRareOptions && ws.semaphores != nullptr) {
       sem = ws.semaphores + (int64_t(b) * p.shape.nheads_q + h) * ws.num_m_blocks + m_block;
       if (tidx == 0 && !gave_up) {
         const int turn = dq_turn(mask, n_block, m_block, kBlockN, kBlockM);
@@ -541,7 +572,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) bwd_kernel(const BwdParams p
   Element* dk_ptr = static_cast<Element*>(p.dk) + row_offset(p.dk_stride, b, sb.k_offset, n0, hk);
   Element* dv_ptr = static_cast<Element*>(p.dv) + row_offset(p.dv_stride, b, sb.k_offset, n0, hk);
   store_acc_rows<Element>(acc_dk_rc, tdKVcdKV_rc, dk_ptr, p.dk_stride.row, valid_cols, d, p.mask.softmax_scale);
-  store_acc_rows<Element>(acc_dv_rc, tdKVcdKV_rc, dv_ptr, p.dv_stride.row, valid_cols, d, 1.f);
+  // dV summed the kept P: kept entries are 1 / keep probability.
+  store_acc_rows<Element>(acc_dv_rc, tdKVcdKV_rc, dv_ptr, p.dv_stride.row, valid_cols, d,
+                          kRareOptions && p.dropout.enabled() ? p.dropout.scale : 1.f);
 }
 
 }  // namespace flashattn::sm80

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/dropout_tile.h"
 #include "common/mask.h"
+#include "common/score_mods.h"
 #include "common/params.h"
 #include "common/softmax.h"
 #include "sm80/kernel_traits.h"
@@ -142,6 +144,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
   for (int mi = 0; mi < kRows; ++mi) row_state[mi].init();
   const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
+  const ScoreMods mods = ScoreMods::make(p, st, sb, b, h);  // ALiBi, dropout
 
   // The softcap test sits outside the loop: inside it the compiler predicates the tanh path
   // instead of branching, and those dead instructions cost issue slots every block.
@@ -169,6 +172,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
         for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
       }
+      if (mods.alibi()) alibi_apply<true>(scores, tScS_rc, m0, n0, mods);
       if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
 #pragma unroll
         for (int mi = 0; mi < kRows; ++mi) {
@@ -247,6 +251,16 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       }
 
       Tensor rP = convert_type<Element>(acc_s);
+      if (mods.dropout()) {  // the softmax summed the undropped P; the epilogue scales O
+        DropoutMask<decltype(tScS_rc), true, kWarpsN == 1> keep;
+        keep.generate(tScS_rc, m0, n0, mods);
+        Tensor rP_rc = make_tensor(rP.data(), acc_rowcol(rP.layout()));
+#pragma unroll
+        for (int mi = 0; mi < size<0>(rP_rc); ++mi)
+#pragma unroll
+          for (int ni = 0; ni < size<1>(rP_rc); ++ni)
+            if (!keep.keep(mi, ni)) rP_rc(mi, ni) = Element(0.f);
+      }
       if constexpr (kWarpsN > 1) {  // P through smem: the warps of a row hold its keys between them
         cute::copy(copy_p, thr_copy_p.retile_S(rP), tPsP);
         static_assert(Kt::kWarpsM == 2, "one named barrier per row group: ids 1 and 2");
@@ -288,7 +302,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   }
 #pragma unroll
   for (int mi = 0; mi < kRows; ++mi) {
-    const float inv = row_state[mi].inv_sum();
+    const float inv = row_state[mi].inv_sum() * (mods.dropout() ? p.dropout.scale : 1.f);
 #pragma unroll
     for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= inv;
   }

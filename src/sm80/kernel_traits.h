@@ -115,6 +115,7 @@ struct BwdTraits : BaseTraits<Element_, kHeadDim_, kNWarps_> {
   static_assert(kStagesQdO == 1 || kStagesQdO == 2);
   static_assert(kBlockM % Base::kGmemRowsPerCopy == 0 && kBlockN % Base::kGmemRowsPerCopy == 0);
   static_assert(2 * kBlockM <= kNThreads, "one thread per LSE / D row");
+  static constexpr int kWarpsNSdP = kNWarps / kAtomMSdP;  // warps across the keys of S / dP
 
   using TiledMmaSdP = TiledMMA<typename Base::MmaAtom, Layout<Shape<Int<kAtomMSdP>, Int<kNWarps / kAtomMSdP>, _1>>,
                                Tile<Int<16 * kAtomMSdP>, Int<16 * kNWarps / kAtomMSdP>, _16>>;

@@ -135,8 +135,8 @@ flashattn_status run_bwd_with(const BwdParams& p, void* workspace, cudaStream_t 
   constexpr int kHeadDim = Kt::kHeadDim;
   using Element = typename Kt::Element;
   static_assert(Kt::kBlockM % kBwdMinBlockM == 0);
-  const bool softcap_or_deterministic = p.mask.softcap > 0.f || p.deterministic;
-  auto kernel = softcap_or_deterministic ? bwd_kernel<Kt, true> : bwd_kernel<Kt, false>;
+  const bool rare_options = p.mask.softcap > 0.f || p.deterministic || p.alibi.enabled() || p.dropout.enabled();
+  auto kernel = rare_options ? bwd_kernel<Kt, true> : bwd_kernel<Kt, false>;
   flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "backward", kHeadDim);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
