@@ -20,6 +20,11 @@ for everyone.
 
 FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d (halved when causal), bwd 2.5x, fwdbwd 3.5x.
 
+--variants dropout,alibi adds rows "<impl>+dropout" (dropout_p = --dropout-p) and "<impl>+alibi"
+(slopes 2^(-8(i+1)/nheads)) for every implementation that has the option (dropout: ours and SDPA's
+backends; ALiBi: ours and FlexAttention's score_mod), timed in the same passes as the plain rows;
+the table adds each variant's cost (variant / plain) for ours.
+
     python bench/bench_vs_peers.py [--quick] [--hdims 64,128] [--seqlens 512,4096] [--modes fwd]
                                    [--impls flashattn-sm90,cudnn] [--rounds 5] [--out FILE | --out-dir DIR]
 Writes bench/results/<gpu>-<yyyymmdd>.json:
@@ -50,6 +55,12 @@ except ImportError:  # a source checkout: python/ with FLASHATTN_LIBRARY or a bu
 ALL_IMPLS = ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "cudnn", "fa2", "efficient", "flex"]
 # Within a row, peers and ours alternate going first (main() says why); flex runs in a pass of its own.
 RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "flex"]
+# Which implementations have each variant (--variants).
+VARIANT_IMPLS = {
+    "dropout": ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "cudnn", "fa2", "efficient"],
+    "alibi": ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "flex"],
+}
+VARIANT = {"dropout_p": 0.1}  # set by main from --dropout-p
 TOTAL_TOKENS = 16384
 HIDDEN = 2048
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
@@ -74,6 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=900.0, help="stop measuring after this long")
     p.add_argument("--rounds", type=int, default=3,
                    help="time each row this many times, alternating the order of implementations; report medians")
+    p.add_argument("--variants", default="", help="comma list of dropout, alibi: extra rows per impl (see top)")
+    p.add_argument("--dropout-p", type=float, default=0.1)
     p.add_argument("--flex-hdims", default="128",
                    help="hdims to run FlexAttention at (it compiles per shape: ~10 s each; 64,128,256 for all)")
     a = p.parse_args(argv)
@@ -92,6 +105,14 @@ def parse_args(argv=None):
     for i in a.impls:
         if i not in ALL_IMPLS:
             p.error(f"--impls: unknown impl {i!r} ({', '.join(ALL_IMPLS)})")
+    a.variants = [v for v in a.variants.split(",") if v]
+    for v in a.variants:
+        if v not in VARIANT_IMPLS:
+            p.error(f"--variants: unknown variant {v!r} ({', '.join(VARIANT_IMPLS)})")
+    if not 0.0 < a.dropout_p < 1.0:
+        p.error(f"--dropout-p: must be in (0, 1) (got {a.dropout_p})")
+    # Each variant's rows come right after their plain implementation in the run order.
+    a.impls = [x for i in a.impls for x in [i] + [f"{i}+{v}" for v in a.variants if i in VARIANT_IMPLS[v]]]
     a.causals = {"both": [False, True], "true": [True], "false": [False]}[a.causal]
     return a
 
@@ -110,10 +131,16 @@ class Unavailable(Exception):
     pass
 
 
-def _sdpa(backend_name):
+def alibi_slopes(nheads):
+    return torch.tensor([2.0 ** (-8.0 * (i + 1) / nheads) for i in range(nheads)], device="cuda",
+                        dtype=torch.float32)
+
+
+def _sdpa(backend_name, variant=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
+    p = VARIANT["dropout_p"] if variant == "dropout" else 0.0
 
     def make(q, k, v, dout, causal):
         # Our layout is [b, s, h, d]; SDPA takes [b, h, s, d]: the same storage, transposed.
@@ -121,11 +148,11 @@ def _sdpa(backend_name):
 
         def fwd():
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, dropout_p=p)
 
         def fwdbwd():
             with sdpa_kernel(backend):
-                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, dropout_p=p)
             return torch.autograd.grad(o, (q, k, v), dt)
 
         return fwd, fwdbwd
@@ -133,7 +160,7 @@ def _sdpa(backend_name):
     return make
 
 
-def _flashattn(backend, deterministic=False):
+def _flashattn(backend, deterministic=False, variant=None):
     import flashattn
     from flashattn.interface import _flash_attn
 
@@ -146,11 +173,17 @@ def _flashattn(backend, deterministic=False):
         raise Unavailable(f"sm80 needs compute capability 8.0+, this GPU has {cc[0]}.{cc[1]}")
 
     def make(q, k, v, dout, causal):
+        mods = {}
+        if variant == "dropout":
+            mods["dropout_p"] = VARIANT["dropout_p"]
+        if variant == "alibi":
+            mods["alibi_slopes"] = alibi_slopes(q.shape[2])
+
         def fwd():
-            return _flash_attn(q, k, v, causal=causal, backend=backend)
+            return _flash_attn(q, k, v, causal=causal, backend=backend, **mods)
 
         def fwdbwd():
-            o = _flash_attn(q, k, v, causal=causal, deterministic=deterministic, backend=backend)
+            o = _flash_attn(q, k, v, causal=causal, deterministic=deterministic, backend=backend, **mods)
             return torch.autograd.grad(o, (q, k, v), dout)
 
         return fwd, fwdbwd
@@ -158,7 +191,7 @@ def _flashattn(backend, deterministic=False):
     return make
 
 
-def _flex():
+def _flex(variant=None):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def causal_mask(b, h, q_idx, kv_idx):
@@ -170,12 +203,18 @@ def _flex():
         b, s, h, d = q.shape
         qt, kt, vt, dt = (t.transpose(1, 2).contiguous().detach().requires_grad_() for t in (q, k, v, dout))
         bm = create_block_mask(causal_mask, None, None, s, s, device=q.device) if causal else None
+        score_mod = None
+        if variant == "alibi":  # the same bias as ours (seqlen_q = seqlen_k), in natural-log units
+            slopes = alibi_slopes(h)
+
+            def score_mod(score, b_, h_, q_idx, kv_idx):
+                return score - slopes[h_] * (q_idx - kv_idx).abs()
 
         def fwd():
-            return compiled(qt, kt, vt, block_mask=bm)
+            return compiled(qt, kt, vt, block_mask=bm, score_mod=score_mod)
 
         def fwdbwd():
-            o = compiled(qt, kt, vt, block_mask=bm)
+            o = compiled(qt, kt, vt, block_mask=bm, score_mod=score_mod)
             return torch.autograd.grad(o, (qt, kt, vt), dt)
 
         return fwd, fwdbwd
@@ -184,17 +223,19 @@ def _flex():
 
 
 def make_impl(name):
+    name, _, variant = name.partition("+")
+    variant = variant or None
     if name == "cudnn":
-        return _sdpa("CUDNN_ATTENTION")
+        return _sdpa("CUDNN_ATTENTION", variant)
     if name == "fa2":
-        return _sdpa("FLASH_ATTENTION")
+        return _sdpa("FLASH_ATTENTION", variant)
     if name == "efficient":
-        return _sdpa("EFFICIENT_ATTENTION")
+        return _sdpa("EFFICIENT_ATTENTION", variant)
     if name == "flex":
-        return _flex()
+        return _flex(variant)
     if name == "flashattn-sm90-det":  # the deterministic backward as its own row
-        return _flashattn("sm90", deterministic=True)
-    return _flashattn(name.split("-", 1)[1])
+        return _flashattn("sm90", deterministic=True, variant=variant)
+    return _flashattn(name.split("-", 1)[1], variant=variant)
 
 
 # ---- timing ------------------------------------------------------------------------------------
@@ -282,8 +323,9 @@ def main(argv=None):
         doc = {"device": device, "torch": torch.__version__, "rows": rows}
         out_path.write_text(json.dumps(doc, indent=1) + "\n")
 
+    VARIANT["dropout_p"] = args.dropout_p
     makers = {}
-    for impl in [i for i in RUN_ORDER if i in args.impls]:
+    for impl in sorted(args.impls, key=lambda i: (RUN_ORDER.index(i.partition("+")[0]), i)):
         try:
             makers[impl] = make_impl(impl)
         except Exception as e:  # noqa: BLE001
@@ -298,10 +340,11 @@ def main(argv=None):
     # the order alternates row by row (peers first, then ours first). FlexAttention goes in a
     # pass of its own at the end: its compiles keep the host CPU busy, which would slow the
     # host-bound short-sequence calls of whoever runs next.
-    eager = [i for i in makers if i != "flex"]
+    flexes = [i for i in makers if i.startswith("flex")]
+    eager = [i for i in makers if i not in flexes]
     passes = [(c, eager[::-1] if n % 2 else eager) for n, c in enumerate(configs)]
-    passes += [(c, ["flex"]) for c in configs if "flex" in makers and c[0] in args.flex_hdims]
-    for impl in ["flex"] if "flex" in makers else []:
+    passes += [(c, flexes) for c in configs if flexes and c[0] in args.flex_hdims]
+    for impl in flexes:
         for c in configs:
             if c[0] not in args.flex_hdims:
                 for m in args.modes:
@@ -322,7 +365,7 @@ def main(argv=None):
                 fwd_fn = fns["fwd"]
                 # Forward alone is timed as inference (no autograd graph), for every implementation.
                 fns["fwd"] = lambda f=fwd_fn: _no_grad_call(f)
-                if impl.startswith("flashattn"):
+                if impl.startswith("flashattn") and "+" not in impl:
                     err = check_ours(fns["fwd"](), q, k, v, causal)
                     if not err <= 0.03:
                         print(f"[{impl}] WARNING hdim {hdim} seqlen {seqlen} causal {causal}: max |ours - torch| = {err:.3g}")
@@ -362,7 +405,9 @@ def main(argv=None):
                     f = flops(mode, batch, nheads, seqlen, hdim, causal)
                     tf = f / (med[mode] * 1e-3) / 1e12
                     results[(impl, mode) + key] = tf
-                    rows.append({"impl": impl, "mode": mode, "dtype": "bf16", "hdim": hdim, "seqlen": seqlen,
+                    rows.append({"impl": impl.partition("+")[0], "variant": impl.partition("+")[2] or "plain",
+                                 "dropout_p": args.dropout_p if impl.endswith("+dropout") else 0.0,
+                                 "mode": mode, "dtype": "bf16", "hdim": hdim, "seqlen": seqlen,
                                  "batch": batch, "nheads": nheads, "causal": causal, "tflops": round(tf, 2),
                                  "tflops_rounds": [round(f / (t * 1e-3) / 1e12, 2) if t > 0 else None
                                                    for t in rounds[mode]]})
@@ -390,20 +435,24 @@ def main(argv=None):
 
 
 def print_table(args, configs, results):
-    impls = [i for i in ALL_IMPLS if i in args.impls]
-    ours = [i for i in impls if i.startswith("flashattn")]
+    impls = [i for i in args.impls if i.partition("+")[0] in ALL_IMPLS]
+    ours = [i for i in impls if i.startswith("flashattn") and "+" not in i]
     short = {"flashattn-sm90": "sm90", "flashattn-sm90-det": "sm90det", "flashattn-sm80": "sm80", "efficient": "effic"}
+    short = {i: short.get(i.partition("+")[0], i.partition("+")[0]) + ("+" + i.partition("+")[2][:4] if "+" in i else "")
+             for i in impls}
     for mode in args.modes:
         print(f"\n== {mode} (TFLOP/s, bf16; ratio = ours / peer)")
-        head = f"{'causal':>6} {'hdim':>4} {'seqlen':>6} " + " ".join(f"{short.get(i, i):>7}" for i in impls)
+        head = f"{'causal':>6} {'hdim':>4} {'seqlen':>6} " + " ".join(f"{short.get(i, i):>9}" for i in impls)
         ratios = [(o, p) for o in ours for p in ("cudnn", "fa2") if p in impls]
-        head += " " + " ".join(f"{short.get(o, o) + '/' + p:>10}" for o, p in ratios)
+        # A variant's cost: ours with the option / ours without it, in the same passes.
+        ratios += [(i, i.partition("+")[0]) for i in impls if "+" in i and i.startswith("flashattn")]
+        head += " " + " ".join(f"{short.get(o, o) + '/' + short.get(p, p):>10}" for o, p in ratios)
         print(head)
         for hdim, seqlen, batch, nheads, causal in configs:
             key = (hdim, seqlen, causal)
             vals = [results.get((i, mode) + key) for i in impls]
             line = f"{int(causal):>6} {hdim:>4} {seqlen:>6} " + " ".join(
-                f"{v:7.1f}" if isinstance(v, float) else f"{'n/a':>7}" for v in vals)
+                f"{v:9.1f}" if isinstance(v, float) else f"{'n/a':>9}" for v in vals)
             for o, p in ratios:
                 a, b = results.get((o, mode) + key), results.get((p, mode) + key)
                 line += " " + (f"{a / b:10.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0
