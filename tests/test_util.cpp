@@ -205,6 +205,14 @@ std::string Case::str() const {
   if (layout != Layout::kContiguous) os << " " << layout_str(layout);
   if (!lse) os << " no-lse";
   if (input_std != 1.0) os << " std=" << input_std;
+  if (dropout_p > 0.f)
+    os << " dropout=" << dropout_p << " (seed " << dropout_seed << ", offset " << dropout_offset << ")";
+  if (!alibi_slopes.empty()) {
+    os << " alibi[";
+    for (size_t i = 0; i < alibi_slopes.size(); ++i) os << (i ? "," : "") << alibi_slopes[i];
+    os << "]";
+    if (alibi_batch_stride) os << " stride " << alibi_batch_stride;
+  }
   return os.str();
 }
 
@@ -275,6 +283,25 @@ static Shape make_shape(const Problem& p) {
   return s;
 }
 
+std::vector<float> alibi_standard_slopes(int n) {
+  std::vector<float> s;
+  for (int k = 1; k <= n; ++k) s.push_back(float(std::exp2(-8.0 * k / n)));
+  return s;
+}
+
+// The normalized policies as src/api builds them (Dropout::make, the slopes pointer as given).
+static Dropout make_dropout(const Case& c) {
+  return Dropout::make(c.dropout_p, c.dropout_seed, c.dropout_offset, nullptr);
+}
+static Alibi make_alibi(const Case& c) {
+  Alibi a;
+  if (!c.alibi_slopes.empty()) {
+    a.slopes = c.alibi_slopes.data();
+    a.batch_stride = c.alibi_batch_stride;
+  }
+  return a;
+}
+
 static MaskOptions make_mask_options(const Case& c) {
   MaskOptions m;
   m.softmax_scale = c.softmax_scale > 0.f ? c.softmax_scale : 1.f / std::sqrt(float(c.d));
@@ -302,6 +329,8 @@ FwdParams make_fwd_params(const Problem& p, const HostTensor& q, const HostTenso
   f.o_stride = out.row_strides(vl);
   f.cu_seqlens_q = vl ? p.cu_q.data() : nullptr;
   f.cu_seqlens_k = vl ? p.cu_k.data() : nullptr;
+  f.dropout = make_dropout(p.c);
+  f.alibi = make_alibi(p.c);
   return f;
 }
 
@@ -333,6 +362,8 @@ BwdParams make_bwd_params(const Problem& p, const HostTensor& q, const HostTenso
   b.cu_seqlens_q = vl ? p.cu_q.data() : nullptr;
   b.cu_seqlens_k = vl ? p.cu_k.data() : nullptr;
   b.deterministic = true;
+  b.dropout = make_dropout(p.c);
+  b.alibi = make_alibi(p.c);
   return b;
 }
 
@@ -348,7 +379,7 @@ static flashattn_options c_options(const Case& c, flashattn_backend backend) {
   o.window_left = c.window_left;
   o.window_right = c.window_right;
   o.softcap = c.softcap;
-  o.dropout_p = 0.f;
+  o.dropout_p = c.dropout_p;
   o.deterministic = 1;
   o.backend = backend;
   o.device = -1;
@@ -380,6 +411,10 @@ flashattn_fwd_params Problem::c_fwd_params(flashattn_backend backend) {
   f.lse = c.lse ? lse.data() : nullptr;
   f.options = c_options(c, backend);
   f.varlen = c_varlen(*this);
+  f.dropout_seed = c.dropout_seed;
+  f.dropout_offset = c.dropout_offset;
+  f.alibi_slopes = c.alibi_slopes.empty() ? nullptr : c.alibi_slopes.data();
+  f.alibi_batch_stride = c.alibi_batch_stride;
   return f;
 }
 
@@ -399,7 +434,17 @@ flashattn_bwd_params Problem::c_bwd_params(flashattn_backend backend) {
   b.dv = dv.view();
   b.options = c_options(c, backend);
   b.varlen = c_varlen(*this);
+  b.dropout_seed = c.dropout_seed;
+  b.dropout_offset = c.dropout_offset;
+  b.alibi_slopes = c.alibi_slopes.empty() ? nullptr : c.alibi_slopes.data();
+  b.alibi_batch_stride = c.alibi_batch_stride;
   return b;
+}
+
+void Problem::seed_dropout_from_seed() {
+  std::mt19937_64 rng(seed ^ 0x5d0e7e5eedull);
+  c.dropout_seed = rng();
+  c.dropout_offset = rng() >> 24;
 }
 
 std::string Problem::describe() const {
@@ -565,7 +610,7 @@ namespace {
   return check_lse(p, p.lse, exact.lse, standard.lse, rule);
 }
 
-Oracle run_oracle_given_output(const Problem& p) {
+Oracle run_oracle_given_output(const Problem& p, bool given_lse) {
   const flashattn_dtype f64 = FLASHATTN_DTYPE_FP64;
   HostTensor q = p.q.converted(f64), k = p.k.converted(f64), v = p.v.converted(f64);
   HostTensor out = p.out.converted(f64), dout = p.dout.converted(f64);
@@ -575,17 +620,24 @@ Oracle run_oracle_given_output(const Problem& p) {
   o.dv = HostTensor(f64, p.k.shape[0], p.k.shape[1], p.k.shape[2], p.k.shape[3]);
   for (HostTensor* t : {&o.dq, &o.dk, &o.dv}) t->fill_nan();
   BwdParams b = make_bwd_params(p, q, k, v, out, dout, nullptr, o.dq, o.dk, o.dv);
+  // The reference backward takes P from an fp64 LSE when given one (and D from `out` then).
+  std::vector<double> lse64(p.lse.begin(), p.lse.end());
+  if (given_lse) b.lse_fp64 = lse64.data();
   if (reference::bwd(b, Rounding::kExactGivenOutput, p.c.dtype) != FLASHATTN_SUCCESS)
     ADD_FAILURE() << "reference backward (given output) failed";
   return o;
 }
 
-::testing::AssertionResult check_bwd(const Problem& p, const Oracle& exact, const Oracle& standard, Rule rule) {
-  const Oracle given = run_oracle_given_output(p);
+::testing::AssertionResult check_bwd(const Problem& p, const Oracle& exact, const Oracle& standard, Rule rule,
+                                     bool given_lse) {
+  const Oracle given = run_oracle_given_output(p, given_lse);
   // "exact" in the messages below is the exact gradient given p.out.
-  auto r = check_tensor_against(p, "dq (exact given out)", p.dq, given.dq, exact.dq, standard.dq, false, rule);
-  if (r) r = check_tensor_against(p, "dk (exact given out)", p.dk, given.dk, exact.dk, standard.dk, true, rule);
-  if (r) r = check_tensor_against(p, "dv (exact given out)", p.dv, given.dv, exact.dv, standard.dv, true, rule);
+  const char* names[3] = {"dq (exact given out)", "dk (exact given out)", "dv (exact given out)"};
+  if (given_lse) names[0] = "dq (exact given out, lse)", names[1] = "dk (exact given out, lse)",
+                 names[2] = "dv (exact given out, lse)";
+  auto r = check_tensor_against(p, names[0], p.dq, given.dq, exact.dq, standard.dq, false, rule);
+  if (r) r = check_tensor_against(p, names[1], p.dk, given.dk, exact.dk, standard.dk, true, rule);
+  if (r) r = check_tensor_against(p, names[2], p.dv, given.dv, exact.dv, standard.dv, true, rule);
   return r;
 }
 

@@ -106,10 +106,19 @@ struct Case {
   Layout layout = Layout::kContiguous;
   bool lse = true;          // forward writes LSE (the backward always needs it)
   double input_std = 1.0;   // stddev of q, k, v, dout
+  // Dropout (p > 0: on), with the Philox seed and counter offset the forward and backward share.
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  // ALiBi when non-empty: [hq] slopes (alibi_batch_stride 0) or [batch, stride] with stride >= hq.
+  std::vector<float> alibi_slopes;
+  int64_t alibi_batch_stride = 0;
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string str() const;
 };
+
+// Standard ALiBi slopes for n heads: 2^(-8k/n), k = 1..n (Press et al.).
+std::vector<float> alibi_standard_slopes(int n);
 
 // A case's tensors (in case.dtype and case.layout) and the params that run it.
 struct Problem {
@@ -135,7 +144,8 @@ struct Problem {
 
   void poison_outputs();  // out, lse, dq, dk, dv := NaN
 
-  // Normalized params on this problem's own tensors, as src/api would build them.
+  // Normalized params on this problem's own tensors, as src/api would build them (dropout and
+  // ALiBi included; the slopes are c.alibi_slopes' host memory).
   FwdParams fwd_params();
   BwdParams bwd_params();
   // C ABI params (host pointers) for the given backend.
@@ -143,6 +153,9 @@ struct Problem {
   flashattn_bwd_params c_bwd_params(flashattn_backend backend = FLASHATTN_BACKEND_AUTO);
 
   std::string describe() const;  // "[case; seed N]"
+  // Dropout seed and offset drawn from this problem's seed, so FLASHATTN_TEST_SEED=<seed>
+  // reproduces the mask along with the inputs.
+  void seed_dropout_from_seed();
 };
 
 // Normalized params of problem p's case and sequences on other tensors of the same shapes
@@ -190,10 +203,15 @@ double rule_atol_ulps(const Rule& rule, flashattn_dtype dtype);
 // computed here: p.out must hold the output the backward used), while the yardstick stays
 // standard vs exact. Without this, O's rounding to fp16/bf16 times an outlier in dO, which
 // unfused attention does not suffer, fails short rows.
+// given_lse: the exact gradients given p.out *and* p.lse (P = exp(S - LSE) from the fp32 LSE the
+// backward is handed). The LSE's fp32 rounding, 2^-25 |LSE| relative in every P of the row, is
+// then not counted against the backward; it matters where |LSE| is large (ALiBi rows far from
+// the diagonal: |LSE| ~ slope * distance), and unfused attention, which stores no LSE, lacks it.
+// Check the forward's LSE against the exact one (check_fwd) in the same test.
 ::testing::AssertionResult check_bwd(const Problem& p, const Oracle& exact, const Oracle& standard,
-                                     Rule rule = Rule());
-// The exact gradients given p.out (what check_bwd compares with).
-Oracle run_oracle_given_output(const Problem& p);
+                                     Rule rule = Rule(), bool given_lse = false);
+// The exact gradients given p.out (and p.lse with given_lse): what check_bwd compares with.
+Oracle run_oracle_given_output(const Problem& p, bool given_lse = false);
 
 // For sequences too long for the O(N^2) oracle on every row: checks `rows` sampled query rows
 // (always including the first and last of each sequence) of out/lse via reference::fwd_row.

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/error.h"
 #include "common/half_convert.h"
 #include "common/mask.h"
@@ -207,12 +209,146 @@ std::vector<std::pair<int, int>> blocks(const Shape& sh, const int32_t* cu_q, co
   return out;
 }
 
+// ---- ALiBi and dropout ---------------------------------------------------------------------
+
+// Whole 16 x 16 blocks per tile, so each 8-entry dropout unit lies in one tile (a tile starts at
+// a multiple of 16 in both directions).
+static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles must hold whole dropout units");
+
+// Seed and offset as the call sees them, read once per call (rng_state: a host pointer here).
+struct Rng {
+  uint64_t seed = 0, offset = 0;
+};
+Rng resolve_rng(const Dropout& d) {
+  Rng r;
+  if (d.enabled()) d.resolve(&r.seed, &r.offset);
+  return r;
+}
+
+// The score modifiers of one (sequence b, query head h). Off (both false) costs nothing per
+// element: the tile loops test the flags once per row.
+struct Mods {
+  bool alibi = false;
+  float slope = 0.f;   // ALiBi slope (natural-log units)
+  float slope2 = 0.f;  // slope * log2(e): the bias in the exp2 domain of the tiles
+  int diag = 0;        // seqlen_k - seqlen_q of the sequence
+  bool dropout = false;
+  float dscale = 1.f;  // 1 / keep probability
+  uint32_t threshold = 0;  // kept iff the entry's 16-bit number >= threshold
+  uint64_t seed = 0, stream = 0;
+};
+
+template <class P>
+Mods make_mods(const P& p, const Rng& rng, const Mask& mask, int b, int h) {
+  Mods m;
+  if (p.alibi.enabled()) {
+    m.alibi = true;
+    m.slope = p.alibi.slope(b, h);
+    m.slope2 = m.slope * kLog2e;
+    m.diag = mask.diagonal_offset();
+  }
+  if (p.dropout.enabled()) {
+    m.dropout = true;
+    m.dscale = p.dropout.scale;
+    m.threshold = p.dropout.threshold;
+    m.seed = rng.seed;
+    m.stream = Dropout::stream(rng.offset, b, p.shape.nheads_q, h);
+  }
+  return m;
+}
+
+// ALiBi in fp32 without large exponents: row i's bias -slope * |i + diag - j| is split into the
+// row constant R_i = -slope * dmin_i (dmin_i: the distance of the row's nearest visible key) and
+// the rest, -slope * (|i + diag - j| - dmin_i) <= 0, which the tiles add. Softmax ignores a row
+// constant; the LSE gets R_i added in fp64 at the end (the backward takes it off in fp64). So
+// no exponent is ever as large as the bias of a row far from the diagonal (|LSE| ~ slope * sq
+// when sq > sk), whose fp32 rounding would cost P several units of 1e-5.
+FA_INLINE int alibi_dmin(const Mask& mask, int i) {
+  const int c = i + mask.diagonal_offset(), kb = mask.key_begin(i), ke = mask.key_end(i);
+  if (ke <= kb) return 0;
+  return c < kb ? kb - c : (c >= ke ? c - (ke - 1) : 0);
+}
+FA_INLINE double alibi_row_constant(const Mods& m, int dmin) { return -double(m.slope) * double(dmin); }
+
+// Adds the ALiBi bias (exp2 domain, relative to row i's constant: see alibi_dmin) to s[0, bn),
+// the scores of keys col0 + j already multiplied by exp2_scale.
+FA_INLINE void add_alibi_row(const Mods& m, int i, int dmin, int col0, int bn, float* s) {
+  const int d0 = i + m.diag - col0;  // |d0 - j| = |i + diag - (col0 + j)|
+  for (int j = 0; j < bn; ++j) s[j] -= m.slope2 * float(std::abs(d0 - j) - dmin);
+}
+
+// Philox4x32-10 (common/philox.h) of the 16 counters {c0 + u, c1, c2, c3}, u < 16, under one key,
+// lane-parallel: one vector op per step for the 16 lanes (the widening multiplies included), so
+// each clone runs the rounds at its vector width. tests/test_dropout.cpp checks the masks built
+// from it against Dropout::keep.
+constexpr int kUnitsPerRow = kBlockN / 4;  // units across a tile row: 4 per 16 keys
+#if defined(__GNUC__)
+typedef uint32_t U32v __attribute__((vector_size(kUnitsPerRow * sizeof(uint32_t))));
+typedef uint64_t U64v __attribute__((vector_size(kUnitsPerRow * sizeof(uint64_t))));
+FA_INLINE void philox_lanes(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                            uint32_t (*out)[kUnitsPerRow]) {
+  U32v x0, x1 = U32v{} + c1, x2 = U32v{} + c2, x3 = U32v{} + c3;
+  for (int u = 0; u < kUnitsPerRow; ++u) x0[u] = c0 + uint32_t(u);
+  for (int r = 0; r < 10; ++r) {
+    const U64v p0 = __builtin_convertvector(x0, U64v) * uint64_t(0xD2511F53u);
+    const U64v p1 = __builtin_convertvector(x2, U64v) * uint64_t(0xCD9E8D57u);
+    x0 = __builtin_convertvector(p1 >> 32, U32v) ^ x1 ^ k0;
+    x2 = __builtin_convertvector(p0 >> 32, U32v) ^ x3 ^ k1;
+    x1 = __builtin_convertvector(p1, U32v);
+    x3 = __builtin_convertvector(p0, U32v);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  std::memcpy(out[0], &x0, sizeof(x0));
+  std::memcpy(out[1], &x1, sizeof(x1));
+  std::memcpy(out[2], &x2, sizeof(x2));
+  std::memcpy(out[3], &x3, sizeof(x3));
+}
+#else
+FA_INLINE void philox_lanes(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1,
+                            uint32_t (*out)[kUnitsPerRow]) {
+  for (int u = 0; u < kUnitsPerRow; ++u) {
+    const Philox4 r = philox4x32_10(c0 + uint32_t(u), c1, c2, c3, k0, k1);
+    for (int w = 0; w < 4; ++w) out[w][u] = r.x[w];
+  }
+}
+#endif
+
+// Keep mask of the tile rows [row0, row0 + bm) x keys [col0, col0 + kBlockN) (both starts
+// multiples of 16): keep[r * kBlockN + j] = 1 or 0, exactly Dropout::keep(seed, stream, row0 + r,
+// col0 + j) (entries past the tile's last row or key are written too, and never read). One
+// Philox per 8-entry unit: rows i0 and i0 + 8 (i0 % 16 < 8) share their units, whose unit
+// columns are consecutive from unit_col(col0); Dropout::lane puts unit u's words 0/1 in row i0,
+// words 2/3 in row i0 + 8, word 0/2 at keys j0, j0 + 1 (low, high half) and word 1/3 at j0 + 8,
+// j0 + 9, with j0 = 16 * (u / 4) + 2 * (u % 4).
+FA_CPU_CLONES void dropout_keep_tile(const Mods& m, int row0, int bm, int col0, uint8_t* keep) {
+  const uint32_t t = m.threshold;
+  uint32_t bits[4][kUnitsPerRow];
+  for (int rg = 0; rg < bm; rg += 16)
+    for (int r = rg; r < rg + 8 && r < bm; ++r) {
+      philox_lanes(Dropout::unit_col(col0), Dropout::unit_row(row0 + r), uint32_t(m.stream),
+                   uint32_t(m.stream >> 32), uint32_t(m.seed), uint32_t(m.seed >> 32), bits);
+      uint8_t* k0 = keep + size_t(r) * kBlockN;  // row i0
+      uint8_t* k8 = k0 + size_t(8) * kBlockN;    // row i0 + 8 (inside the buffer: r + 8 < kBlockM)
+      for (int g = 0; g < kBlockN / 16; ++g)
+        for (int c = 0; c < 8; ++c) {
+          const int u = 4 * g + (c >> 1), sh = (c & 1) * 16;
+          k0[16 * g + c] = ((bits[0][u] >> sh) & 0xffffu) >= t;
+          k0[16 * g + 8 + c] = ((bits[1][u] >> sh) & 0xffffu) >= t;
+          k8[16 * g + c] = ((bits[2][u] >> sh) & 0xffffu) >= t;
+          k8[16 * g + 8 + c] = ((bits[3][u] >> sh) & 0xffffu) >= t;
+        }
+    }
+}
+
 // ---- forward -------------------------------------------------------------------------------
 
 struct FwdScratch {
   int dp;  // headdim padded to kNR
   std::vector<float> q, kt, v, s, acc, inv, row;
   std::vector<OnlineSoftmaxRow> rows;
+  std::vector<int> dmin;      // ALiBi: each row's alibi_dmin
+  std::vector<uint8_t> keep;  // dropout keep mask of a tile
   explicit FwdScratch(int d)
       : dp(round_up(d, kNR)),
         q(tile(kBlockM, dp)),
@@ -222,10 +358,12 @@ struct FwdScratch {
         acc(tile(kBlockM, dp)),
         inv(size_t(kBlockM)),
         row(size_t(dp)),
-        rows(size_t(kBlockM)) {}
+        rows(size_t(kBlockM)),
+        dmin(size_t(kBlockM), 0),
+        keep(size_t(kBlockM) * kBlockN, 0) {}
 };
 
-FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratch& w) {
+FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, int mb, FwdScratch& w) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
@@ -234,12 +372,17 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
   const int row0 = mb * kBlockM;
   const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
   const int bm4 = round_up(bm, kMR);
+  const Mods mods = make_mods(p, rng, mask, b, h);
+  // With ALiBi the scores are moved to the exp2 domain (and biased) before the max loop.
+  const float mul = mods.alibi ? 1.f : tr.exp2_scale;
 
   load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
             w.q.data(), dp);
   std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
   std::fill(w.acc.begin(), w.acc.begin() + size_t(bm4) * dp, 0.f);
   for (int r = 0; r < bm; ++r) w.rows[r].init();
+  if (mods.alibi)
+    for (int r = 0; r < bm; ++r) w.dmin[r] = alibi_dmin(mask, row0 + r);
 
   int n_begin, n_end;
   mask.key_block_range(row0, bm, kBlockN, &n_begin, &n_end);
@@ -263,6 +406,10 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
       float* s = w.s.data() + size_t(r) * kBlockN;
       if (tr.softcap > 0.f)
         for (int j = 0; j < bn; ++j) s[j] = tr.apply(s[j]);
+      if (mods.alibi) {  // after the softcap, before the mask
+        for (int j = 0; j < bn; ++j) s[j] *= tr.exp2_scale;
+        add_alibi_row(mods, row0 + r, w.dmin[r], col0, bn, s);
+      }
       int jb = 0, je = bn;
       if (need_mask) {
         jb = mask.key_begin(row0 + r) - col0;
@@ -275,7 +422,7 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
       for (int j = 0; j < bn16; j += kNR)
         for (int c = 0; c < kNR; ++c) {
           const int jj = j + c;
-          const float t = (jj >= jb && jj < je) ? s[jj] * tr.exp2_scale : -INFINITY;
+          const float t = (jj >= jb && jj < je) ? s[jj] * mul : -INFINITY;
           s[jj] = t;
           mx[c] = t > mx[c] ? t : mx[c];
         }
@@ -301,6 +448,16 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
     }
     for (int r = bm; r < bm4; ++r)
       for (int j = 0; j < bn16; ++j) w.s[size_t(r) * kBlockN + j] = 0.f;
+    // Dropout: l above summed the undropped P (the LSE and the normalizer are of P); P V takes
+    // the kept entries only, and their scale is applied once at the store.
+    if (mods.dropout) {
+      dropout_keep_tile(mods, row0, bm, col0, w.keep.data());
+      for (int r = 0; r < bm; ++r) {
+        float* s = w.s.data() + size_t(r) * kBlockN;
+        const uint8_t* k = w.keep.data() + size_t(r) * kBlockN;
+        for (int j = 0; j < bn; ++j) s[j] = k[j] ? s[j] : 0.f;
+      }
+    }
 
     // O += P V.
     gemm(bm4, dp, bn, w.s.data(), kBlockN, w.v.data(), dp, w.acc.data(), dp, true);
@@ -308,10 +465,11 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
 
   for (int r = 0; r < bm; ++r) w.inv[r] = w.rows[r].inv_sum();
   store_rows(p.o, p.dtype, bm, d, [&](int r) { return row_offset(p.o_stride, b, sb.q_offset, row0 + r, h); },
-             w.acc.data(), dp, w.inv.data(), 1.f);
+             w.acc.data(), dp, w.inv.data(), mods.dropout ? mods.dscale : 1.f);
   if (p.lse) {
     float* lse = p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + row0;
-    for (int r = 0; r < bm; ++r) lse[r] = w.rows[r].lse();
+    for (int r = 0; r < bm; ++r)
+      lse[r] = mods.alibi ? float(double(w.rows[r].lse()) + alibi_row_constant(mods, w.dmin[r])) : w.rows[r].lse();
   }
 }
 
@@ -319,7 +477,9 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, int b, int h, int mb, FwdScratc
 
 struct BwdScratch {
   int dp;
-  std::vector<float> q, dout, k, kt, vt, s, pr, dpr, t, acc_a, acc_b, lse2, D, row;
+  std::vector<float> q, dout, k, kt, vt, s, pr, dpr, t, acc_a, acc_b, lse2, D, row, x;
+  std::vector<int> dmin;      // ALiBi: each row's alibi_dmin
+  std::vector<uint8_t> keep;  // dropout keep mask of a tile
   explicit BwdScratch(int d)
       : dp(round_up(d, kNR)),
         q(tile(kBlockM, dp)),
@@ -335,7 +495,10 @@ struct BwdScratch {
         acc_b(tile(kBlockN, dp)),
         lse2(size_t(kBlockM)),
         D(size_t(kBlockM)),
-        row(size_t(dp)) {}
+        row(size_t(dp)),
+        x(size_t(kBlockN)),
+        dmin(size_t(kBlockM), 0),
+        keep(size_t(kBlockM) * kBlockN, 0) {}
 };
 
 // Row index of (sequence b, row i) in the D buffer's per-head plane.
@@ -344,8 +507,9 @@ FA_INLINE int64_t q_row(const Shape& sh, const SeqBounds& sb, int b, int i, bool
 }
 
 // Loads the query-side tile of (b, h, rows [row0, row0 + bm)): q, dout, lse (log2 domain), D.
-FA_INLINE void load_query_side(const BwdParams& p, const float* Dbuf, int b, int h, const SeqBounds& sb, int row0,
-                               int bm, BwdScratch& w) {
+// With ALiBi the LSE is taken relative to each row's constant (alibi_dmin), in fp64.
+FA_INLINE void load_query_side(const BwdParams& p, const Mods& mods, const Mask& mask, const float* Dbuf, int b,
+                               int h, const SeqBounds& sb, int row0, int bm, BwdScratch& w) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, bm4 = round_up(bm, kMR);
   load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
@@ -360,6 +524,11 @@ FA_INLINE void load_query_side(const BwdParams& p, const float* Dbuf, int b, int
     w.lse2[r] = lse[r] * kLog2e;
     w.D[r] = D[r];
   }
+  if (mods.alibi)
+    for (int r = 0; r < bm; ++r) {
+      w.dmin[r] = alibi_dmin(mask, row0 + r);
+      w.lse2[r] = float((double(lse[r]) - alibi_row_constant(mods, w.dmin[r])) * double(kLog2e));  // -inf stays
+    }
 }
 
 // Loads the key-side tile of (b, kvh, keys [col0, col0 + bn)): K^T and V^T (zero-padded
@@ -377,14 +546,16 @@ FA_INLINE void load_key_side(const BwdParams& p, int b, int kvh, const SeqBounds
 }
 
 // The shared middle of both backward passes for one (query tile, key tile): S = Q K^T,
-// P = exp2(S * exp2_scale - LSE) (masked entries and padding 0), dP = dO V^T, and
-// dS = P * (dP - D) * dtanh, left in w.dpr. P is left in w.pr.
-FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int row0, int bm, int col0, int bn,
-                                 int d, BwdScratch& w) {
+// P = exp2(S * exp2_scale [+ ALiBi bias] - LSE) (masked entries and padding 0), dP = dO V^T, and
+// dS = P * (dP - D) * dtanh, left in w.dpr. P is left in w.pr. With dropout (keep mask Z),
+// w.pr is P o Z (dV's operand; its scale is applied at the store) and dS = P * (Z * scale * dP - D).
+FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, const Mods& mods, int row0, int bm,
+                                 int col0, int bn, int d, BwdScratch& w) {
   const int bm4 = round_up(bm, kMR), bn16 = round_up(bn, kNR);
   gemm(bm4, bn16, d, w.q.data(), w.dp, w.kt.data(), kBlockN, w.s.data(), kBlockN, false);
   gemm(bm4, bn16, d, w.dout.data(), w.dp, w.vt.data(), kBlockN, w.dpr.data(), kBlockN, false);
   const bool need_mask = mask.tile_needs_mask(row0, bm, col0, bn);
+  if (mods.dropout) dropout_keep_tile(mods, row0, bm, col0, w.keep.data());
   for (int r = 0; r < bm; ++r) {
     float* s = w.s.data() + size_t(r) * kBlockN;
     float* pr = w.pr.data() + size_t(r) * kBlockN;
@@ -404,10 +575,32 @@ FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int
         s[j] = c;
       }
     }
-    for (int j = 0; j < bn16; ++j) {
-      const float pv = (j >= jb && j < je) ? fast_exp2(s[j] * tr.exp2_scale - lse2) : 0.f;
-      pr[j] = pv;
-      ds[j] = pv * (ds[j] - Dr);
+    if (!mods.alibi && !mods.dropout) {
+      for (int j = 0; j < bn16; ++j) {
+        const float pv = (j >= jb && j < je) ? fast_exp2(s[j] * tr.exp2_scale - lse2) : 0.f;
+        pr[j] = pv;
+        ds[j] = pv * (ds[j] - Dr);
+      }
+    } else {
+      // s keeps the capped score (softcap's derivative below is of it, without the bias).
+      float* x = w.x.data();  // the row's exponents
+      for (int j = 0; j < bn16; ++j) x[j] = s[j] * tr.exp2_scale;
+      if (mods.alibi) add_alibi_row(mods, row0 + r, w.dmin[r], col0, bn, x);
+      if (!mods.dropout) {
+        for (int j = 0; j < bn16; ++j) {
+          const float pv = (j >= jb && j < je) ? fast_exp2(x[j] - lse2) : 0.f;
+          pr[j] = pv;
+          ds[j] = pv * (ds[j] - Dr);
+        }
+      } else {  // branch-free in j, so it vectorizes like the loop above
+        const uint8_t* keep = w.keep.data() + size_t(r) * kBlockN;
+        for (int j = 0; j < bn16; ++j) {
+          const float pv = (j >= jb && j < je) ? fast_exp2(x[j] - lse2) : 0.f;
+          const float z = float(keep[j]);  // 1 kept, 0 dropped
+          pr[j] = pv * z;
+          ds[j] = pv * (ds[j] * (z * mods.dscale) - Dr);
+        }
+      }
     }
     if (tr.softcap > 0.f)
       for (int j = 0; j < bn; ++j) ds[j] *= tr.dtanh_factor(s[j]);
@@ -419,8 +612,8 @@ FA_INLINE void tile_probs_and_ds(const Mask& mask, const ScoreTransform& tr, int
 // Pass 2: dK, dV of key block nb of (b, kvh), summed over the kv head's query-head group. With
 // `dq` (the whole-head scheme, bwd_head), it also adds dS K into dq[(h - kvh * group) * dq_rows
 // + row][c], so pass 3 need not recompute S and dP.
-FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, int kvh, int nb, BwdScratch& w,
-                                  float* dq = nullptr, int dq_rows = 0) {
+FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const Rng& rng, const float* Dbuf, int b, int kvh, int nb,
+                                  BwdScratch& w, float* dq = nullptr, int dq_rows = 0) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, group = sh.group_size();
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
@@ -438,11 +631,12 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
   int m_begin, m_end;
   mask.query_block_range(col0, bn, kBlockM, &m_begin, &m_end);
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const Mods mods = make_mods(p, rng, mask, b, h);
     for (int mb = m_begin; mb < m_end; ++mb) {
       const int row0 = mb * kBlockM;
       const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
-      load_query_side(p, Dbuf, b, h, sb, row0, bm, w);
-      tile_probs_and_ds(mask, tr, row0, bm, col0, bn, d, w);
+      load_query_side(p, mods, mask, Dbuf, b, h, sb, row0, bm, w);
+      tile_probs_and_ds(mask, tr, mods, row0, bm, col0, bn, d, w);
       // dV += P^T dO, dK += dS^T Q (transposes into w.t, rows >= bn zero).
       float* t = w.t.data();
       for (int j = 0; j < bn4; ++j)
@@ -459,8 +653,9 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
   // dS was taken w.r.t. the natural-log score; d score / d qk = softmax_scale (dtanh applied).
   store_rows(p.dk, p.dtype, bn, d, [&](int r) { return row_offset(p.dk_stride, b, sb.k_offset, col0 + r, kvh); },
              dk, dp, nullptr, p.mask.softmax_scale);
+  // dV summed (P o Z)^T dO: dropout's scale is applied here, once.
   store_rows(p.dv, p.dtype, bn, d, [&](int r) { return row_offset(p.dv_stride, b, sb.k_offset, col0 + r, kvh); },
-             dv, dp, nullptr, 1.f);
+             dv, dp, nullptr, p.dropout.enabled() ? p.dropout.scale : 1.f);
 }
 
 // Passes 2 and 3 in one for all of (b, kvh): key blocks in increasing order, dQ of the head
@@ -468,14 +663,14 @@ FA_CPU_CLONES void bwd_dkdv_block(const BwdParams& p, const float* Dbuf, int b, 
 // the same order as from bwd_dq_block (both take the key blocks in increasing order), so the two
 // schemes agree bitwise (up to the sign of an exact zero, where one scheme adds a fully masked
 // tile's +0 products that the other skips); 5 tile GEMMs per tile pair instead of 7.
-FA_CPU_CLONES void bwd_head(const BwdParams& p, const float* Dbuf, int b, int kvh, BwdScratch& w,
+FA_CPU_CLONES void bwd_head(const BwdParams& p, const Rng& rng, const float* Dbuf, int b, int kvh, BwdScratch& w,
                             std::vector<float>& dq, int dq_rows) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, group = sh.group_size();
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
   std::fill(dq.begin(), dq.end(), 0.f);
   const int nk = (sb.seqlen_k + kBlockN - 1) / kBlockN;
-  for (int nb = 0; nb < nk; ++nb) bwd_dkdv_block(p, Dbuf, b, kvh, nb, w, dq.data(), dq_rows);
+  for (int nb = 0; nb < nk; ++nb) bwd_dkdv_block(p, rng, Dbuf, b, kvh, nb, w, dq.data(), dq_rows);
   for (int g = 0; g < group; ++g) {
     const int h = kvh * group + g;
     store_rows(p.dq, p.dtype, sb.seqlen_q, d,
@@ -485,7 +680,8 @@ FA_CPU_CLONES void bwd_head(const BwdParams& p, const float* Dbuf, int b, int kv
 }
 
 // Pass 3: dQ of query block mb of (b, h), by recomputation over its key blocks.
-FA_CPU_CLONES void bwd_dq_block(const BwdParams& p, const float* Dbuf, int b, int h, int mb, BwdScratch& w) {
+FA_CPU_CLONES void bwd_dq_block(const BwdParams& p, const Rng& rng, const float* Dbuf, int b, int h, int mb,
+                                BwdScratch& w) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
@@ -494,9 +690,10 @@ FA_CPU_CLONES void bwd_dq_block(const BwdParams& p, const float* Dbuf, int b, in
   const int row0 = mb * kBlockM;
   const int bm = sb.seqlen_q - row0 < kBlockM ? sb.seqlen_q - row0 : kBlockM;
   const int bm4 = round_up(bm, kMR);
+  const Mods mods = make_mods(p, rng, mask, b, h);
   float* dq = w.acc_a.data();
   std::fill(dq, dq + size_t(bm4) * dp, 0.f);
-  load_query_side(p, Dbuf, b, h, sb, row0, bm, w);
+  load_query_side(p, mods, mask, Dbuf, b, h, sb, row0, bm, w);
 
   int n_begin, n_end;
   mask.key_block_range(row0, bm, kBlockN, &n_begin, &n_end);
@@ -504,7 +701,7 @@ FA_CPU_CLONES void bwd_dq_block(const BwdParams& p, const float* Dbuf, int b, in
     const int col0 = nb * kBlockN;
     const int bn = sb.seqlen_k - col0 < kBlockN ? sb.seqlen_k - col0 : kBlockN;
     load_key_side(p, b, kvh, sb, col0, bn, true, w);
-    tile_probs_and_ds(mask, tr, row0, bm, col0, bn, d, w);
+    tile_probs_and_ds(mask, tr, mods, row0, bm, col0, bn, d, w);
     // dQ += dS K.
     gemm(bm4, dp, bn, w.dpr.data(), kBlockN, w.k.data(), dp, dq, dp, true);
   }
@@ -560,21 +757,8 @@ flashattn_status fail(const char* what, const std::string& err) {
                    "cpu %s: %s", what, err.c_str());
 }
 
-// Dropout and ALiBi: refused by name until this path implements them (never ignored).
-template <class P>
-const char* unsupported_mods(const P& p) {
-  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the cpu path yet";
-  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the cpu path yet";
-  return nullptr;
-}
-const char* fwd_unsupported(const FwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported_dtype(p.dtype);
-}
-const char* bwd_unsupported(const BwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported_dtype(p.dtype);
-}
+const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
 size_t fwd_ws(const FwdParams&) { return 0; }
 flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p); }
 flashattn_status bwd_entry(const BwdParams& p, void* ws, void*) { return bwd(p, ws); }
@@ -589,12 +773,13 @@ flashattn_status fwd(const FwdParams& p) {
   if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
   const auto items = blocks(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const int64_t n = int64_t(items.size());
+  const Rng rng = resolve_rng(p.dropout);
   // Heads outermost: neighbouring items share K/V in cache.
   std::string err = parallel_for(
       n * p.shape.nheads_q, [&] { return FwdScratch(p.shape.headdim); },
       [&](int64_t item, FwdScratch& w) {
         const auto& bx = items[size_t(item % n)];
-        fwd_block(p, bx.first, int(item / n), bx.second, w);
+        fwd_block(p, rng, bx.first, int(item / n), bx.second, w);
       });
   return err.empty() ? FLASHATTN_SUCCESS : fail("forward", err);
 }
@@ -615,6 +800,7 @@ flashattn_status bwd(const BwdParams& p, void* workspace) {
   const auto qblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const auto kblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, true, kBlockN);
   const int64_t nq = int64_t(qblocks.size()), nk = int64_t(kblocks.size());
+  const Rng rng = resolve_rng(p.dropout);
 
   std::string err = parallel_for(
       nq * sh.nheads_q, [&] { return DScratch(sh.headdim); },
@@ -635,7 +821,7 @@ flashattn_status bwd(const BwdParams& p, void* workspace) {
     err = parallel_for(
         int64_t(sh.batch) * sh.nheads_kv, [&] { return HeadScratch{BwdScratch(sh.headdim), std::vector<float>(dq_floats)}; },
         [&](int64_t item, HeadScratch& s) {
-          bwd_head(p, Dbuf, int(item / sh.nheads_kv), int(item % sh.nheads_kv), s.w, s.dq, dq_rows);
+          bwd_head(p, rng, Dbuf, int(item / sh.nheads_kv), int(item % sh.nheads_kv), s.w, s.dq, dq_rows);
         });
     return err.empty() ? FLASHATTN_SUCCESS : fail("backward", err);
   }
@@ -643,14 +829,14 @@ flashattn_status bwd(const BwdParams& p, void* workspace) {
       nk * sh.nheads_kv, [&] { return BwdScratch(sh.headdim); },
       [&](int64_t item, BwdScratch& w) {
         const auto& bx = kblocks[size_t(item % nk)];
-        bwd_dkdv_block(p, Dbuf, bx.first, int(item / nk), bx.second, w);
+        bwd_dkdv_block(p, rng, Dbuf, bx.first, int(item / nk), bx.second, w);
       });
   if (!err.empty()) return fail("backward", err);
   err = parallel_for(
       nq * sh.nheads_q, [&] { return BwdScratch(sh.headdim); },
       [&](int64_t item, BwdScratch& w) {
         const auto& bx = qblocks[size_t(item % nq)];
-        bwd_dq_block(p, Dbuf, bx.first, int(item / nq), bx.second, w);
+        bwd_dq_block(p, rng, Dbuf, bx.first, int(item / nq), bx.second, w);
       });
   if (!err.empty()) return fail("backward", err);
   return FLASHATTN_SUCCESS;

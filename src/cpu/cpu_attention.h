@@ -2,6 +2,10 @@
 // the exp2 domain, fp32 accumulation, O(N) extra memory (per-thread tiles; the backward adds
 // one fp32 per query row and head for D = rowsum(dO * O)). It runs the same mask policy and
 // softmax arithmetic (src/common/) as the GPU kernels, so CI exercises those on every push.
+// ALiBi adds its bias in the exp2 domain after the softcap; dropout draws the keep mask of each
+// tile from Philox, one call per 8-entry unit (common/dropout.h, the same numbers as every other
+// path), keeps the undropped P in the running sum (LSE) and applies its scale once at the store.
+// With neither, the tile loops run as before (one flag test per row).
 //
 // Backward, deterministic by construction: pass 1 computes D; pass 2 runs over (batch, kv head,
 // key block) and accumulates dK/dV for the whole query-head group in tile registers; pass 3

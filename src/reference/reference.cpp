@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/error.h"
 #include "common/half_convert.h"
 #include "common/mask.h"
@@ -54,6 +56,56 @@ Score<Acc> score(const Mode& md, const MaskOptions& mo, const double* q, const d
   return {x, Acc(0)};
 }
 
+// ALiBi and dropout for one query row i of (sequence b, query head h), written out from the
+// definitions in flashattn.h: the bias -slope * |i + seqlen_k - seqlen_q - j| in fp64, added to
+// the (capped) natural-log score; the keep decision of Dropout::keep on stream (b, h).
+struct RowMods {
+  bool alibi = false;
+  double slope = 0;
+  int diag = 0;  // seqlen_k - seqlen_q of the sequence
+  const Dropout* dropout = nullptr;  // null: no dropout
+  uint64_t seed = 0, stream = 0;
+  int i = 0;
+  double scale = 1.0;  // dropout's 1 / keep probability, as the fp32 value every path uses
+
+  double bias(int j) const { return -slope * std::fabs(double(i) + double(diag) - double(j)); }
+  bool keep(int j) const { return dropout->keep(seed, stream, i, j); }
+};
+
+// Seed and offset of a call, resolved once (rng_state is a host pointer on the host paths).
+struct Rng {
+  uint64_t seed = 0, offset = 0;
+};
+Rng resolve_rng(const Dropout& d) {
+  Rng r;
+  if (d.enabled()) d.resolve(&r.seed, &r.offset);
+  return r;
+}
+
+template <class P>
+RowMods row_mods(const P& p, const Rng& rng, const SeqBounds& sb, int b, int h) {
+  RowMods m;
+  if (p.alibi.enabled()) {
+    m.alibi = true;
+    m.slope = double(p.alibi.slope(b, h));
+    m.diag = sb.seqlen_k - sb.seqlen_q;
+  }
+  if (p.dropout.enabled()) {
+    m.dropout = &p.dropout;
+    m.seed = rng.seed;
+    m.stream = Dropout::stream(rng.offset, b, p.shape.nheads_q, h);
+    m.scale = double(p.dropout.scale);
+  }
+  return m;
+}
+
+// The score plus the ALiBi bias of key j (exact, or rounded as an unfused add would be).
+template <typename Acc>
+Acc with_bias(const Mode& md, const RowMods& mods, Acc s, int j) {
+  if (!mods.alibi) return s;
+  return md.exact ? s + Acc(mods.bias(j)) : md.r(s + Acc(mods.bias(j)));
+}
+
 // One sequence's K and V (one kv head) gathered into contiguous fp64 [seqlen_k, d] arrays.
 void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStrides& ks, const RowStrides& vs,
                int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K, std::vector<double>* V) {
@@ -76,15 +128,15 @@ void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, doubl
 // Forward of one query row over keys [kb, ke) of K/V: writes o[0, d), returns the LSE.
 // `s` is scratch of at least seqlen_k entries.
 template <typename Acc>
-double fwd_row_core(const Mode& md, const MaskOptions& mo, int kb, int ke, int d, const double* q,
-                    const double* K, const double* V, double* o, std::vector<Acc>& s) {
+double fwd_row_core(const Mode& md, const MaskOptions& mo, const RowMods& mods, int kb, int ke, int d,
+                    const double* q, const double* K, const double* V, double* o, std::vector<Acc>& s) {
   if (ke <= kb) {
     for (int c = 0; c < d; ++c) o[c] = 0.0;
     return -INFINITY;
   }
   Acc m = -INFINITY;
   for (int j = kb; j < ke; ++j) {
-    s[j] = score<Acc>(md, mo, q, K + size_t(j) * d, d).s;
+    s[j] = with_bias<Acc>(md, mods, score<Acc>(md, mo, q, K + size_t(j) * d, d).s, j);
     if (s[j] > m) m = s[j];
   }
   Acc l = 0;
@@ -92,9 +144,13 @@ double fwd_row_core(const Mode& md, const MaskOptions& mo, int kb, int ke, int d
     s[j] = std::exp(s[j] - m);
     l += s[j];
   }
+  // The LSE is of the undropped P; dropout zeroes entries of P and scales the kept ones (each
+  // result rounded, as an unfused masked_fill and division would) before P V.
   std::vector<Acc> acc(size_t(d), Acc(0));
+  const Acc dscale = Acc(mods.scale);
   for (int j = kb; j < ke; ++j) {
-    const Acc pj = md.r(s[j] / l);
+    Acc pj = md.r(s[j] / l);
+    if (mods.dropout) pj = mods.keep(j) ? md.r(pj * dscale) : Acc(0);
     const double* vj = V + size_t(j) * d;
     for (int c = 0; c < d; ++c) acc[c] += pj * Acc(vj[c]);
   }
@@ -110,6 +166,7 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
     std::vector<double> K, V, q, o;
     std::vector<Acc> s;
   };
+  const Rng rng = resolve_rng(p.dropout);
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_q, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
@@ -120,9 +177,11 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
         w.q.resize(size_t(d));
         w.o.resize(size_t(d));
         w.s.resize(size_t(sb.seqlen_k) + 1);
+        RowMods mods = row_mods(p, rng, sb, b, h);
         for (int i = 0; i < sb.seqlen_q; ++i) {
           load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, w.q.data());
-          double lse = fwd_row_core<Acc>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, w.q.data(),
+          mods.i = i;
+          double lse = fwd_row_core<Acc>(md, p.mask, mods, mask.key_begin(i), mask.key_end(i), d, w.q.data(),
                                          w.K.data(), w.V.data(), w.o.data(), w.s);
           const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
           for (int c = 0; c < d; ++c) store_double(p.o, p.dtype, oo + c, w.o[c]);
@@ -144,8 +203,10 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
   struct Scratch {
     std::vector<double> K, V, q, dout;
     std::vector<Score<Acc>> sc;
-    std::vector<Acc> pr, dp, g, dq, dk_h, dv_h, dk, dv;
+    std::vector<Acc> pr, pd, dp, g, dq, dk_h, dv_h, dk, dv;
+    std::vector<char> z;  // the row's dropout keep mask
   };
+  const Rng rng = resolve_rng(p.dropout);
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_kv, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
@@ -157,7 +218,8 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
         w.q.resize(size_t(d));
         w.dout.resize(size_t(d));
         w.sc.resize(size_t(sk) + 1);
-        for (auto* vec : {&w.pr, &w.dp, &w.g}) vec->assign(size_t(sk) + 1, Acc(0));
+        for (auto* vec : {&w.pr, &w.pd, &w.dp, &w.g}) vec->assign(size_t(sk) + 1, Acc(0));
+        w.z.assign(size_t(sk) + 1, 1);
         w.dq.assign(size_t(d), Acc(0));
         for (auto* vec : {&w.dk_h, &w.dv_h, &w.dk, &w.dv}) vec->assign(size_t(sk) * d, Acc(0));
         const Acc scale = Acc(mo.softmax_scale);
@@ -168,7 +230,10 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
         // K/V is only part of the row's keys (ring attention hands one block at a time).
         const bool given_stats = p.lse_fp64 != nullptr;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          RowMods mods = row_mods(p, rng, sb, b, h);
+          const Acc dscale = Acc(mods.scale);
           for (int i = 0; i < sb.seqlen_q; ++i) {
+            mods.i = i;
             const int kb = mask.key_begin(i), ke = mask.key_end(i);
             const int64_t dqo = row_offset(p.dq_stride, b, sb.q_offset, i, h);
             if (ke <= kb) {  // sees no key: zero gradient
@@ -180,7 +245,9 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
             // Recompute P.
             Acc m = -INFINITY;
             for (int j = kb; j < ke; ++j) {
+              // The bias enters P only: .t (softcap's derivative) stays that of the capped score.
               w.sc[j] = score<Acc>(md, mo, w.q.data(), w.K.data() + size_t(j) * d, d);
+              w.sc[j].s = with_bias<Acc>(md, mods, w.sc[j].s, j);
               if (w.sc[j].s > m) m = w.sc[j].s;
             }
             if (given_stats) {
@@ -194,6 +261,12 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               }
               for (int j = kb; j < ke; ++j) w.pr[j] = md.r(w.pr[j] / l);
             }
+            // Dropout: the forward's O = (P o Z * scale) V with keep mask Z, so pd = P o Z * scale
+            // (what dV sees) and dP = Z * scale * (dO V^T) (the gradient through the mask).
+            if (mods.dropout)
+              for (int j = kb; j < ke; ++j) w.z[j] = mods.keep(j);
+            for (int j = kb; j < ke; ++j)
+              w.pd[j] = !mods.dropout ? w.pr[j] : (w.z[j] ? md.r(w.pr[j] * dscale) : Acc(0));
             // dP = dO V^T, dS = P * (dP - D) with D = rowsum(dP * P) = rowsum(dO * O). Exact:
             // the former. Unfused: the latter on the output rounded to the input precision,
             // as a fused backward must do (it is handed O in the input dtype); this rounding
@@ -204,6 +277,7 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               const double* vj = w.V.data() + size_t(j) * d;
               for (int c = 0; c < d; ++c) acc += Acc(w.dout[c]) * Acc(vj[c]);
               w.dp[j] = md.r(acc);
+              if (mods.dropout) w.dp[j] = w.z[j] ? md.r(w.dp[j] * dscale) : Acc(0);
               if (md.exact && !md.given_output && !given_stats) D += w.pr[j] * w.dp[j];
             }
             if (md.given_output || given_stats) {
@@ -213,7 +287,7 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               for (int c = 0; c < d; ++c) w.dq[c] = 0;  // the output row, as the forward computes it
               for (int j = kb; j < ke; ++j) {
                 const double* vj = w.V.data() + size_t(j) * d;
-                for (int c = 0; c < d; ++c) w.dq[c] += w.pr[j] * Acc(vj[c]);
+                for (int c = 0; c < d; ++c) w.dq[c] += w.pd[j] * Acc(vj[c]);
               }
               for (int c = 0; c < d; ++c) D += Acc(w.dout[c]) * md.r(w.dq[c]);
             }
@@ -239,7 +313,7 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
               const double* kj = w.K.data() + size_t(j) * d;
               Acc* dkj = w.dk_h.data() + size_t(j) * d;
               Acc* dvj = w.dv_h.data() + size_t(j) * d;
-              const Acc gj = w.g[j], pj = w.pr[j];
+              const Acc gj = w.g[j], pj = w.pd[j];
               for (int c = 0; c < d; ++c) {
                 w.dq[c] += gj * Acc(kj[c]);
                 dkj[c] += gj * Acc(w.q[c]);
@@ -287,21 +361,8 @@ const char* unsupported_dtype(flashattn_dtype dtype) {
   return "dtype: unknown value for the reference backend";
 }
 
-// Dropout and ALiBi: refused by name until this path implements them (never ignored).
-template <class P>
-const char* unsupported_mods(const P& p) {
-  if (p.dropout.enabled()) return "options.dropout_p: dropout is not implemented on the reference path yet";
-  if (p.alibi.enabled()) return "alibi_slopes: ALiBi is not implemented on the reference path yet";
-  return nullptr;
-}
-const char* fwd_unsupported(const FwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported_dtype(p.dtype);
-}
-const char* bwd_unsupported(const BwdParams& p) {
-  if (const char* why = unsupported_mods(p)) return why;
-  return unsupported_dtype(p.dtype);
-}
+const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
 size_t fwd_ws(const FwdParams&) { return 0; }
 size_t bwd_ws(const BwdParams&) { return 0; }
 flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p, Rounding::kExact); }
@@ -334,14 +395,16 @@ double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision,
   std::vector<double> K, V, q(static_cast<size_t>(d));
   gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &K, &V);
   load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, q.data());
+  RowMods mods = row_mods(p, resolve_rng(p.dropout), sb, b, h);
+  mods.i = i;
   if (accumulate_in_float(md)) {
     std::vector<float> s(size_t(sb.seqlen_k) + 1);
-    return fwd_row_core<float>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(), V.data(), o,
-                               s);
+    return fwd_row_core<float>(md, p.mask, mods, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(),
+                               V.data(), o, s);
   }
   std::vector<double> s(size_t(sb.seqlen_k) + 1);
-  return fwd_row_core<double>(md, p.mask, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(), V.data(), o,
-                              s);
+  return fwd_row_core<double>(md, p.mask, mods, mask.key_begin(i), mask.key_end(i), d, q.data(), K.data(),
+                              V.data(), o, s);
 }
 
 }  // namespace flashattn::reference

@@ -1,13 +1,17 @@
 // The CPU oracle: attention forward and backward straight from the definition (see the top
 // comment of include/flashattn/flashattn.h), one query row at a time, fp64 accumulation, for
-// every option (scale, softcap, window/causal, GQA, varlen, LSE) and every host dtype.
-// It shares only the mask policy (src/common/mask.h) and seq_bounds() with the other paths;
-// the math (natural-log softmax, tanh softcap and its derivative) is written out independently.
+// every option (scale, softcap, window/causal, ALiBi, dropout, GQA, varlen, LSE) and every host
+// dtype. It shares only the mask policy (src/common/mask.h), seq_bounds() and the dropout keep
+// decision (Dropout::keep, common/dropout.h: the numbers must be the same on every path) with the
+// other paths; the math (natural-log softmax, tanh softcap and its derivative, the ALiBi bias,
+// dropout's scaling and its backward) is written out independently, in fp64.
 //
 // The forward writes the LSE as fp32 (`lse`) and/or fp64 (`lse_fp64`, unrounded).
-// The backward recomputes everything from q, k, v and dout in fp64: it ignores the given lse
-// (and lse_fp64), and the given out except under kExactGivenOutput, and returns the gradient
-// of the exact function.
+// The backward recomputes everything from q, k, v and dout in fp64: it ignores the given fp32
+// lse, and the given out except under kExactGivenOutput or with a given lse_fp64 (then P comes
+// from that LSE and D from the given out, as on the other backends), and returns the gradient
+// of the exact function. With dropout it regenerates the forward's keep mask from the same
+// seed, offset (or rng_state) and returns the gradient for that fixed mask.
 #pragma once
 
 #include "api/backend.h"
