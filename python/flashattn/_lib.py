@@ -85,6 +85,12 @@ class FwdParams(ctypes.Structure):
         ("options", Options),
         ("varlen", Varlen),
         ("lse_fp64", ctypes.c_void_p),  # double*: the LSE in fp64 (float64 inputs, reference backend)
+        # Dropout and ALiBi (appended after lse_fp64).
+        ("dropout_seed", ctypes.c_uint64),  # Philox key, when options.dropout_p > 0
+        ("dropout_offset", ctypes.c_uint64),  # Philox counter offset
+        ("dropout_rng_state", ctypes.c_void_p),  # const uint64_t*: {seed, offset} read at run time (overrides)
+        ("alibi_slopes", ctypes.c_void_p),  # const float*: [nheads_q] or [batch, nheads_q]
+        ("alibi_batch_stride", ctypes.c_int64),  # 0 for [nheads_q], else elements between sequences
     ]
 
 
@@ -104,6 +110,12 @@ class BwdParams(ctypes.Structure):
         ("options", Options),
         ("varlen", Varlen),
         ("lse_fp64", ctypes.c_void_p),  # const double*: the forward's fp64 LSE, in place of lse
+        # Dropout and ALiBi (appended after lse_fp64): the forward's values.
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("dropout_rng_state", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("alibi_batch_stride", ctypes.c_int64),
     ]
 
 

@@ -1,10 +1,18 @@
-"""torch.library custom ops over the C ABI: flashattn::fwd and flashattn::bwd.
+"""torch.library custom ops over the C ABI: flashattn::fwd and flashattn::bwd, and their
+extended twins flashattn::fwd_ext / flashattn::bwd_ext with dropout and ALiBi.
 
 The ops are functional (they allocate their outputs with torch), have fake (meta) kernels for
-torch.compile, and flashattn::fwd has an autograd formula that calls flashattn::bwd. They run
-on CPU tensors (host paths) and CUDA tensors (on the tensors' device and torch's current
-stream). Scratch memory comes from torch's allocator, so calls are CUDA-graph capturable:
-no host syncs, no cudaMalloc.
+torch.compile, and flashattn::fwd (fwd_ext) has an autograd formula that calls flashattn::bwd
+(bwd_ext). They run on CPU tensors (host paths) and CUDA tensors (on the tensors' device and
+torch's current stream). Scratch memory comes from torch's allocator, so calls are CUDA-graph
+capturable: no host syncs, no cudaMalloc.
+
+Dropout's randomness: fwd_ext draws rng_state = torch.randint(int64 [2]) from torch's default
+generator of the tensors' device (seed, offset as the bits of two uint64) and hands the library a
+pointer to it, so the numbers are read when the call runs: torch.manual_seed reproduces a run, and
+a captured CUDA graph draws fresh ones on every replay (torch's graph-safe Philox state). rng_state
+is an output of fwd_ext (the op stays functional for torch.compile) and an input of bwd_ext, which
+regenerates the same mask. fwd_ext is tagged nondeterministic_seeded where torch supports tags.
 
 Layouts: fixed length q/k/v are [batch, seqlen, nheads, headdim]; varlen (cu_seqlens given)
 are packed [total, nheads, headdim]. LSE is [batch, nheads, seqlen_q], or [nheads, total_q]:
@@ -15,6 +23,8 @@ float32, except float64 for float64 inputs (computed in fp64 on the reference ba
 from __future__ import annotations
 
 import ctypes
+import inspect
+import numbers
 import os
 import struct
 from typing import Optional, Tuple
@@ -123,13 +133,14 @@ def _stream(device: torch.device) -> Optional[int]:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _fill_options(o, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend):
+def _fill_options(o, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                  dropout_p=0.0):
     o.softmax_scale = softmax_scale
     o.causal = int(causal)
     o.window_left = window_left
     o.window_right = window_right
     o.softcap = softcap
-    o.dropout_p = 0.0
+    o.dropout_p = dropout_p
     o.deterministic = int(deterministic)
     o.backend = backend
     if device.type == "cuda":
@@ -221,7 +232,110 @@ def _set_lse(p, lse):
         p.lse = ptr
 
 
+def check_dropout_p(dropout_p) -> float:
+    """dropout_p as a float in [0, 1) (a Python, numpy or 0-d torch real); ValueError naming it otherwise."""
+    if isinstance(dropout_p, torch.Tensor):
+        real = dropout_p.dim() == 0 and not dropout_p.dtype.is_complex and dropout_p.dtype != torch.bool
+    else:
+        real = isinstance(dropout_p, numbers.Real)
+    if not real:
+        raise ValueError(f"flashattn: dropout_p must be a real number in [0, 1), got {dropout_p!r}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:  # also refuses NaN
+        raise ValueError(f"flashattn: dropout_p={dropout_p!r} must be in [0, 1) (0 = no dropout)")
+    return p
+
+
+def check_alibi_slopes(alibi_slopes, q, batch):
+    """alibi_slopes as the C ABI reads them: a contiguous float32 tensor [nheads_q] or [batch, nheads_q] on
+    q's device (a non-contiguous one is copied). ValueError naming alibi_slopes otherwise."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise ValueError(f"flashattn: alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+    h = q.shape[-2]
+    shapes = ((h,), (batch, h))
+    if alibi_slopes.dtype != torch.float32:
+        raise ValueError(f"flashattn: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in shapes:
+        raise ValueError(f"flashattn: alibi_slopes must have shape (nheads,) = {shapes[0]} or (batch, nheads) = "
+                         f"{shapes[1]}, got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"flashattn: alibi_slopes must be on the same device as q (got {alibi_slopes.device}, "
+                         f"q: {q.device})")
+    if alibi_slopes.numel() and alibi_slopes.stride(-1) != 1:
+        alibi_slopes = alibi_slopes.contiguous()
+    elif alibi_slopes.dim() == 2 and alibi_slopes.shape[0] > 1 and alibi_slopes.stride(0) < h:
+        alibi_slopes = alibi_slopes.contiguous()  # e.g. an expanded (stride 0) batch dim
+    return alibi_slopes
+
+
+def _alibi_batch_stride(alibi_slopes) -> int:
+    if alibi_slopes.dim() == 1 or alibi_slopes.shape[0] == 1:
+        return 0  # one row of slopes serves every sequence
+    return alibi_slopes.stride(0)
+
+
+def _draw_rng_state(device):
+    """{seed, offset} for one call with dropout, from torch's default generator of `device` (graph safe)."""
+    return torch.randint(-2**63, 2**63 - 1, (2,), dtype=torch.int64, device=device)
+
+
+def _set_score_mods(p, dropout_p, rng_state, alibi_slopes):
+    """Fills the dropout (options.dropout_p is set by _fill_options) and ALiBi fields of fwd/bwd params."""
+    if dropout_p > 0:
+        p.dropout_rng_state = rng_state.data_ptr()
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.data_ptr()
+        p.alibi_batch_stride = _alibi_batch_stride(alibi_slopes)
+
+
+def _mods_key(dropout_p, alibi_slopes):
+    return (dropout_p > 0, None if alibi_slopes is None else _alibi_batch_stride(alibi_slopes))
+
+
 # ---- the ops ---------------------------------------------------------------------------------
+
+
+def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend):
+    """(out, lse, rng_state): rng_state is the int64 [2] {seed, offset} drawn for dropout, zeros without."""
+    varlen = cu_seqlens_q is not None
+    device = q.device
+    d = q.shape[-1]
+    pad = _head_pad(q)
+    qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
+    # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
+    out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
+    lse = _alloc(_lse_shape(q, varlen), _lse_dtype(q.dtype, backend), device, float("-inf") if varlen else None)
+    if dropout_p > 0:
+        rng_state = _draw_rng_state(device)
+    else:
+        rng_state = torch.zeros(2, dtype=torch.int64, device=device)
+    if alibi_slopes is not None:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
+
+    p = _new_params("fwd")
+    p.dtype = _dtype_id(q.dtype)
+    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
+        _put(p, field, t, varlen)
+    _set_lse(p, lse)
+    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                  dropout_p)
+    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _set_score_mods(p, dropout_p, rng_state, alibi_slopes)
+    key = None
+    if device.type == "cuda":
+        key = _key("fwd", (qp, kp, vp), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
+                   softmax_scale, causal, window_left, window_right, softcap, backend,
+                   _mods_key(dropout_p, alibi_slopes))
+    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
+    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    del ws  # stream-ordered: the allocator reuses it only after this stream's work
+    _lib.raise_for_status(status, "fwd")
+    if pad:
+        out = out[..., :d].contiguous()
+    return out, lse, rng_state
 
 
 def _fwd_impl(
@@ -241,32 +355,8 @@ def _fwd_impl(
     backend: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention forward: (out, lse). `deterministic` is used by the backward only."""
-    varlen = cu_seqlens_q is not None
-    device = q.device
-    d = q.shape[-1]
-    pad = _head_pad(q)
-    qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
-    # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
-    out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
-    lse = _alloc(_lse_shape(q, varlen), _lse_dtype(q.dtype, backend), device, float("-inf") if varlen else None)
-
-    p = _new_params("fwd")
-    p.dtype = _dtype_id(q.dtype)
-    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
-        _put(p, field, t, varlen)
-    _set_lse(p, lse)
-    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend)
-    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    key = None
-    if device.type == "cuda":
-        key = _key("fwd", (qp, kp, vp), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
-                   softmax_scale, causal, window_left, window_right, softcap, backend)
-    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
-    del ws  # stream-ordered: the allocator reuses it only after this stream's work
-    _lib.raise_for_status(status, "fwd")
-    if pad:
-        out = out[..., :d].contiguous()
+    out, lse, _ = _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                            window_left, window_right, softcap, 0.0, None, deterministic, backend)
     return out, lse
 
 
@@ -276,6 +366,85 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     out = q.new_empty(q.shape)
     lse = q.new_empty(_lse_shape(q, varlen), dtype=_lse_dtype(q.dtype, backend))
     return out, lse
+
+
+def _fwd_ext_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    backend: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention forward with dropout and ALiBi: (out, lse, rng_state). rng_state (int64 [2], the bits of
+    uint64 {seed, offset}) is drawn from torch's generator when dropout_p > 0, zeros otherwise; pass it
+    to bwd_ext."""
+    return _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                     window_left, window_right, softcap, dropout_p, alibi_slopes, deterministic, backend)
+
+
+def _fwd_ext_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                  window_right, softcap, dropout_p, alibi_slopes, deterministic, backend):
+    out, lse = _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                         window_left, window_right, softcap, deterministic, backend)
+    return out, lse, q.new_empty((2,), dtype=torch.int64)
+
+
+def _bwd_core(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, dropout_p, rng_state, alibi_slopes, deterministic, backend):
+    varlen = cu_seqlens_q is not None
+    device = q.device
+    d = q.shape[-1]
+    pad = _head_pad(q)
+    qp, kp, vp, outp, doutp = (_prep(t, pad) for t in (q, k, v, out, dout.to(q.dtype)))
+    lse_dtype = _lse_dtype(q.dtype, backend)
+    if lse.dtype != lse_dtype or tuple(lse.shape) != _lse_shape(q, varlen):
+        raise ValueError(f"flashattn bwd: lse must be {lse_dtype} of shape {_lse_shape(q, varlen)} "
+                         f"(got {lse.dtype}, {tuple(lse.shape)})")
+    lse = lse.contiguous()
+    if dropout_p > 0:
+        if (rng_state is None or rng_state.dtype != torch.int64 or tuple(rng_state.shape) != (2,)
+                or rng_state.device != device):
+            raise ValueError("flashattn bwd: rng_state must be the forward's int64 [2] tensor on the tensors' device "
+                             f"(got {None if rng_state is None else (rng_state.dtype, tuple(rng_state.shape))})")
+        rng_state = rng_state.contiguous()
+    if alibi_slopes is not None:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
+    fill = 0.0 if varlen else None
+    dq, dk, dv = (_alloc(t.shape, q.dtype, device, fill) for t in (qp, kp, vp))
+
+    p = _new_params("bwd")
+    p.dtype = _dtype_id(q.dtype)
+    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", outp), ("dout", doutp), ("dq", dq), ("dk", dk),
+                     ("dv", dv)):
+        _put(p, field, t, varlen)
+    _set_lse(p, lse)
+    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                  dropout_p)
+    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _set_score_mods(p, dropout_p, rng_state, alibi_slopes)
+    key = None
+    if device.type == "cuda":
+        key = _key("bwd", (qp, kp, vp, outp, doutp), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
+                   softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                   _mods_key(dropout_p, alibi_slopes))
+    ws, ws_ptr, ws_bytes = _workspace("bwd", p, key, device)
+    status = _lib.load().flashattn_bwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    del ws
+    _lib.raise_for_status(status, "bwd")
+    if pad:
+        dq, dk, dv = (t[..., :d].contiguous() for t in (dq, dk, dv))
+    return dq, dk, dv
 
 
 def _bwd_impl(
@@ -298,42 +467,46 @@ def _bwd_impl(
     backend: int,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: (dq, dk, dv), shaped like q, k, v (GQA: dk/dv have k/v's heads)."""
-    varlen = cu_seqlens_q is not None
-    device = q.device
-    d = q.shape[-1]
-    pad = _head_pad(q)
-    qp, kp, vp, outp, doutp = (_prep(t, pad) for t in (q, k, v, out, dout.to(q.dtype)))
-    lse_dtype = _lse_dtype(q.dtype, backend)
-    if lse.dtype != lse_dtype or tuple(lse.shape) != _lse_shape(q, varlen):
-        raise ValueError(f"flashattn bwd: lse must be {lse_dtype} of shape {_lse_shape(q, varlen)} "
-                         f"(got {lse.dtype}, {tuple(lse.shape)})")
-    lse = lse.contiguous()
-    fill = 0.0 if varlen else None
-    dq, dk, dv = (_alloc(t.shape, q.dtype, device, fill) for t in (qp, kp, vp))
-
-    p = _new_params("bwd")
-    p.dtype = _dtype_id(q.dtype)
-    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", outp), ("dout", doutp), ("dq", dq), ("dk", dk),
-                     ("dv", dv)):
-        _put(p, field, t, varlen)
-    _set_lse(p, lse)
-    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend)
-    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    key = None
-    if device.type == "cuda":
-        key = _key("bwd", (qp, kp, vp, outp, doutp), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
-                   softmax_scale, causal, window_left, window_right, softcap, deterministic, backend)
-    ws, ws_ptr, ws_bytes = _workspace("bwd", p, key, device)
-    status = _lib.load().flashattn_bwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
-    del ws
-    _lib.raise_for_status(status, "bwd")
-    if pad:
-        dq, dk, dv = (t[..., :d].contiguous() for t in (dq, dk, dv))
-    return dq, dk, dv
+    return _bwd_core(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, softcap, 0.0, None, None, deterministic, backend)
 
 
 def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               window_left, window_right, softcap, deterministic, backend):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bwd_ext_impl(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    dropout_p: float,
+    rng_state: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    deterministic: bool,
+    backend: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward with dropout (rng_state: the forward's) and ALiBi: (dq, dk, dv)."""
+    return _bwd_core(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, softcap, dropout_p, rng_state, alibi_slopes, deterministic,
+                     backend)
+
+
+def _bwd_ext_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_left, window_right, softcap, dropout_p, rng_state, alibi_slopes, deterministic,
+                  backend):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -347,6 +520,16 @@ fwd = torch.library.custom_op("flashattn::fwd", _fwd_impl, mutates_args=())
 fwd.register_fake(_fwd_fake)
 bwd = torch.library.custom_op("flashattn::bwd", _bwd_impl, mutates_args=())
 bwd.register_fake(_bwd_fake)
+
+# fwd_ext draws from torch's generator: tagged as a seeded random op (no CSE of two equal calls, kept
+# in program order), where this torch's custom_op takes tags (2.5+). Its dropout_p argument lets
+# torch see that a call with dropout_p = 0 draws nothing.
+_RNG_TAGS = ({"tags": (torch.Tag.nondeterministic_seeded,)}
+             if "tags" in inspect.signature(torch.library.custom_op).parameters else {})
+fwd_ext = torch.library.custom_op("flashattn::fwd_ext", _fwd_ext_impl, mutates_args=(), **_RNG_TAGS)
+fwd_ext.register_fake(_fwd_ext_fake)
+bwd_ext = torch.library.custom_op("flashattn::bwd_ext", _bwd_ext_impl, mutates_args=())
+bwd_ext.register_fake(_bwd_ext_fake)
 
 _BACKEND_SM90 = _lib.backend_id("sm90")
 
@@ -391,6 +574,52 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
         return (dq, dk, dv) + (None,) * 11
+
+
+def _setup_context_ext(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+     window_right, softcap, dropout_p, alibi_slopes, deterministic, backend) = inputs
+    out, lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state, alibi_slopes)
+    ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p)
+    ctx.args2 = (deterministic, _bwd_backend(backend))
+    ctx.mark_non_differentiable(lse, rng_state)
+
+
+def _backward_ext(ctx, dout, dlse, drng):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashattn.bwd_ext(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args,
+                                             rng_state, alibi_slopes, *ctx.args2)
+    return (dq, dk, dv) + (None,) * 13
+
+
+fwd_ext.register_autograd(_backward_ext, setup_context=_setup_context_ext)
+
+
+class _EagerAttentionExt(torch.autograd.Function):
+    """Eager-mode twin of flashattn::fwd_ext + its autograd formula."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _fwd_ext_impl(*inputs)
+        _setup_context_ext(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse, drng):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, rng_state, alibi_slopes = ctx.saved_tensors
+        dq, dk, dv = _bwd_ext_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args, rng_state,
+                                   alibi_slopes, *ctx.args2)
+        return (dq, dk, dv) + (None,) * 13
+
+
+def attention_ext(*inputs):
+    """(out, lse, rng_state) with autograd, for calls with dropout or ALiBi (the arguments of flashattn::fwd_ext)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashattn.fwd_ext(*inputs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3]):
+        return _EagerAttentionExt.apply(*inputs)
+    return _fwd_ext_impl(*inputs)
 
 
 def attention(*inputs):

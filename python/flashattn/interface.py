@@ -3,8 +3,16 @@
 Same function names, argument names, defaults and return values; tensors are
 [batch, seqlen, nheads, headdim] (varlen: packed [total, nheads, headdim]). CPU tensors run the
 host path, CUDA tensors the fastest GPU path compiled for their device, on torch's current
-stream. Options this library does not implement (dropout, ALiBi, paged KV) raise
+stream. Options this library does not implement (paged KV: block_table) raise
 NotImplementedError naming the option; they are never ignored.
+
+Dropout applies whenever dropout_p > 0, as in flash_attn (regardless of torch's train/eval mode:
+pass 0 in eval). Each such call draws its {seed, offset} from torch's default generator of the
+tensors' device (torch.manual_seed reproduces a run; CUDA-graph replays draw fresh numbers) and
+the backward regenerates the same mask; the random numbers are Philox4x32-10, the same on every
+backend (flashattn.h, "Dropout"; rebuilt in pure torch by flashattn._dropout). ALiBi
+(alibi_slopes, float32 [nheads] or [batch, nheads]) adds -slope * |i + seqlen_k - seqlen_q - j| to
+the scores after the softcap, as flash_attn; the slopes get no gradient.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _dropout, _lib
 from . import _ops  # also registers torch.ops.flashattn.*
 
 __all__ = [
@@ -30,19 +38,14 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
 ]
 
-# out, or (out, softmax_lse, None) with return_attn_probs=True.
-_Out = Union[Tensor, Tuple[Tensor, Tensor, None]]
+# out, or (out, softmax_lse, S_dmask or None) with return_attn_probs=True.
+_Out = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _not_implemented(dropout_p, alibi_slopes, block_table=None):
-    if dropout_p != 0.0:
-        raise NotImplementedError(
-            f"flashattn: dropout_p={dropout_p}: dropout is not implemented (use dropout_p=0.0, e.g. in eval mode)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flashattn: alibi_slopes: ALiBi is not implemented (pass alibi_slopes=None)")
+def _not_implemented(block_table=None):
     if block_table is not None:
         raise NotImplementedError("flashattn: block_table: paged KV cache is not implemented (pass block_table=None)")
 
@@ -144,7 +147,8 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                 deterministic=False, return_attn_probs=False, block_table=None, backend="auto"):
     """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90."""
-    _not_implemented(dropout_p, alibi_slopes, block_table)
+    _not_implemented(block_table)
+    dropout_p = _ops.check_dropout_p(dropout_p)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     _check_inputs(q, k, v, 3 if varlen else 4)
     if varlen:
@@ -158,13 +162,53 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
         softcap = 0.0
     if softcap < 0:
         raise ValueError(f"flashattn: softcap={softcap} must be >= 0 (0 = off)")
-    out, lse = _ops.attention(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
-        window_left, window_right, float(softcap), bool(deterministic), _lib.backend_id(backend))
+    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
+            window_left, window_right, float(softcap))
+    if dropout_p > 0 or alibi_slopes is not None:
+        out, lse, rng_state = _ops.attention_ext(*args, dropout_p, alibi_slopes, bool(deterministic),
+                                                 _lib.backend_id(backend))
+    else:
+        out, lse = _ops.attention(*args, bool(deterministic), _lib.backend_id(backend))
     if return_attn_probs:
-        # flash_attn returns S_dmask only with dropout, which is not implemented: None.
-        return out, lse, None
+        # As flash_attn: S_dmask only with dropout (None without); here for fixed-length calls only.
+        if dropout_p == 0 or varlen:
+            return out, lse, None
+        return out, lse, _attn_probs(q, k, lse, rng_state, float(softmax_scale), window_left, window_right,
+                                     float(softcap), alibi_slopes, dropout_p)
     return out
+
+
+def _attn_probs(q, k, lse, rng_state, softmax_scale, window_left, window_right, softcap, alibi_slopes, dropout_p):
+    """S_dmask [batch, nheads, seqlen_q, seqlen_k] in q's dtype: the attention probabilities P (after softcap,
+    ALiBi and masks, normalized with the call's LSE), negated where dropout dropped them. Pure torch, from
+    the same scores the kernels form and the Philox mask rebuilt from the call's rng_state."""
+    # The library takes softmax_scale and softcap as float32: so do these scores (they meet its LSE).
+    softmax_scale, softcap = _dropout.to_float32(softmax_scale), _dropout.to_float32(softcap)
+    with torch.no_grad():
+        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        b, sq, h, _ = q.shape
+        sk, hk = k.shape[1], k.shape[2]
+        kk = k.to(dt).repeat_interleave(h // hk, dim=2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q.to(dt), kk) * softmax_scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        i = torch.arange(sq, device=q.device).view(sq, 1)
+        j = torch.arange(sk, device=q.device).view(1, sk)
+        rel = i + (sk - sq) - j  # key j is rel columns left of query i's diagonal
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(dt).view(-1, h, 1, 1)
+            s = s - slopes * rel.abs().to(dt)
+        allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+        if window_left >= 0:
+            allowed &= rel <= window_left
+        if window_right >= 0:
+            allowed &= rel >= -window_right
+        lse_ = lse.to(dt).unsqueeze(-1)
+        p = torch.exp(s - torch.where(torch.isfinite(lse_), lse_, torch.zeros_like(lse_)))
+        p = torch.where(allowed & torch.isfinite(lse_), p, torch.zeros((), dtype=dt, device=q.device))
+        keep = _dropout.keep_mask(rng_state[0], rng_state[1], b, h, sq, sk, dropout_p, q.device)
+        return torch.where(keep, p, -p).to(q.dtype)
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -175,8 +219,22 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
 
     nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
     (left, right) restricts query i to keys [i + sk - sq - left, i + sk - sq + right]; softcap > 0
-    applies softcap * tanh(S / softcap). Returns out (batch, seqlen_q, nheads, headdim), or
-    (out, softmax_lse (batch, nheads, seqlen_q), None) with return_attn_probs=True.
+    applies softcap * tanh(S / softcap).
+
+    dropout_p in [0, 1): drop probability of each entry of P, applied whenever it is > 0 (as
+    flash_attn, regardless of torch's train/eval mode: pass 0.0 for evaluation); kept entries are
+    scaled by 1 / (1 - p). The drop threshold is p rounded to a multiple of 2^-16 (at least 2^-16).
+    Each call draws its seed from torch's default generator of q's device (torch.manual_seed
+    reproduces it; CUDA-graph replays draw fresh ones) and its backward reuses the same mask.
+    alibi_slopes: float32 (nheads,) or (batch, nheads) on q's device; adds
+    -slope * |i + seqlen_k - seqlen_q - j| to the scores after the softcap (no gradient to it).
+
+    Returns out (batch, seqlen_q, nheads, headdim), or with return_attn_probs=True
+    (out, softmax_lse (batch, nheads, seqlen_q), S_dmask): S_dmask is None unless dropout_p > 0, as in
+    flash_attn; with dropout it is (batch, nheads, seqlen_q, seqlen_k) in q's dtype, the attention
+    probabilities P (after softcap, ALiBi and masks; P = exp(S - softmax_lse)) with the dropped entries
+    negated (before the 1 / (1 - p) scaling), computed in torch from the call's random numbers.
+    softmax_lse is not affected by dropout and carries no gradient.
     """
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -187,7 +245,8 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
                               causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                               return_attn_probs: bool = False) -> _Out:
-    """qkv: (batch, seqlen, 3, nheads, headdim). Returns as flash_attn_func."""
+    """qkv: (batch, seqlen, 3, nheads, headdim). Arguments (dropout_p, alibi_slopes, ...) and returns as
+    flash_attn_func."""
     _check_packed(qkv, "qkv", 5, 2, 3)
     q, k, v = qkv.unbind(dim=2)
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
@@ -199,7 +258,8 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                              return_attn_probs: bool = False) -> _Out:
-    """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim)."""
+    """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Arguments
+    (dropout_p, alibi_slopes, ...) and returns as flash_attn_func."""
     _check_packed(kv, "kv", 5, 2, 2)
     k, v = kv.unbind(dim=2)
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
@@ -215,8 +275,12 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None) -> _Out:
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
 
-    Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Returns out (total_q, nheads,
-    headdim), or (out, softmax_lse (nheads, total_q), None) with return_attn_probs=True.
+    Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Options as flash_attn_func;
+    dropout_p and alibi_slopes ((nheads,) or (batch, nheads), batch = the number of sequences) apply
+    per sequence, with row and column indices counted from each sequence's start. Returns out
+    (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) with
+    return_attn_probs=True: the varlen functions never return S_dmask (None even with dropout).
+    block_table (paged KV) raises NotImplementedError.
     """
     return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
@@ -229,7 +293,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen
                                      window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                      alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                                      return_attn_probs: bool = False) -> _Out:
-    """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,)."""
+    """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,). As flash_attn_varlen_func."""
     _check_packed(qkv, "qkv", 4, 1, 3)
     q, k, v = qkv.unbind(dim=1)
     return _flash_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p,
@@ -244,7 +308,7 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                                     return_attn_probs: bool = False) -> _Out:
-    """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim)."""
+    """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). As flash_attn_varlen_func."""
     _check_packed(kv, "kv", 4, 1, 2)
     k, v = kv.unbind(dim=1)
     return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,

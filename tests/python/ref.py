@@ -23,8 +23,11 @@ def allowed_mask(sq, sk, causal=False, window=(-1, -1), device="cpu"):
     return m
 
 
-def attention_ref(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, dtype=None):
-    """q [b, sq, h, d], k/v [b, sk, hk, d] -> (out [b, sq, h, d], lse [b, h, sq]), computed in `dtype`."""
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None, dtype=None, alibi_slopes=None,
+                  keep=None, dropout_scale=1.0):
+    """q [b, sq, h, d], k/v [b, sk, hk, d] -> (out [b, sq, h, d], lse [b, h, sq]), computed in `dtype`.
+    alibi_slopes: [h] or [b, h], S -= slope * |i + sk - sq - j| after the softcap (flash_attn's ALiBi).
+    keep: bool [b, h, sq, sk] dropout mask; kept probabilities are scaled by dropout_scale (the LSE is not)."""
     dt = dtype or q.dtype
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
     b, sq, h, d = q.shape
@@ -35,21 +38,34 @@ def attention_ref(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=Non
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        rel = (torch.arange(sq, device=q.device)[:, None] + (sk - sq) - torch.arange(sk, device=q.device)[None, :])
+        s = s - alibi_slopes.to(dt).view(-1, h, 1, 1) * rel.abs().to(dt)
     mask = allowed_mask(sq, sk, causal, window, q.device)
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s.float() if dt != torch.float64 else s, dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.where(mask.any(-1)[:, None], p, torch.zeros((), dtype=p.dtype, device=p.device))
+    if keep is not None:
+        p = torch.where(keep.to(p.device), p * dropout_scale, torch.zeros((), dtype=p.dtype, device=p.device))
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(dt), v)
     return out, lse
 
 
-def varlen_ref(q, k, v, cu_q, cu_k, **kw):
-    """Packed q [tq, h, d], k/v [tk, hk, d]: the fixed-length reference per sequence."""
+def varlen_ref(q, k, v, cu_q, cu_k, alibi_slopes=None, keep=None, **kw):
+    """Packed q [tq, h, d], k/v [tk, hk, d]: the fixed-length reference per sequence. alibi_slopes [h] or
+    [batch, h]; keep [batch, h, max_sq, max_sk] (sequence b uses keep[b, :, :len_q, :len_k])."""
     outs, lses = [], []
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
-        o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]], **kw)
+        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        extra = {}
+        if alibi_slopes is not None:
+            extra["alibi_slopes"] = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        if keep is not None:
+            extra["keep"] = keep[b:b + 1, :, :lq, :lk]
+        o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]], **kw,
+                             **extra)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs, 0), torch.cat(lses, 1)

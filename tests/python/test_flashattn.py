@@ -229,18 +229,11 @@ def test_gradcheck_float64():
 
 
 def test_unsupported_options_raise():
+    # Dropout and ALiBi are implemented (test_dropout_alibi.py); the paged KV cache is not.
     q = rand(1, 8, 2, 32)
     cu = _cu([8])
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_func(q, q, q, dropout_p=0.1)
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_func(q, q, q, alibi_slopes=torch.ones(2))
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_qkvpacked_func(torch.stack([q, q, q], 2), dropout_p=0.5)
     with pytest.raises(NotImplementedError, match="block_table"):
         flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1, dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):
-        flash_attn_varlen_kvpacked_func(q[0], torch.stack([q[0], q[0]], 1), cu, cu, 8, 8, alibi_slopes=torch.ones(2))
 
 
 def test_errors_name_the_argument():

@@ -211,16 +211,26 @@ def test_softcap_matches_eager(name, calls):
     assert calls["varlen"] == cfg.num_hidden_layers
 
 
-def test_dropout_in_training_is_refused_clearly(name, calls):
-    ours, _ = _llama(name, attention_dropout=0.1)
+def test_attention_dropout_in_training(name, calls):
+    # transformers passes dropout = attention_dropout in training and 0 in eval: it runs as dropout_p.
+    ours, ref = _llama(name, attention_dropout=0.1)
     ids = torch.randint(0, VOCAB, (2, 6))
+    with torch.no_grad():  # eval: no dropout, the same as sdpa
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+        want = ref(ids).logits
     ours.train()
-    with pytest.raises(NotImplementedError, match="attention_dropout"):
-        ours(ids)
-    ours.eval()  # no dropout in eval: runs
-    with torch.no_grad():
-        ours(ids)
-    assert calls["dense"] == ours.config.num_hidden_layers
+    torch.manual_seed(1)
+    a = ours(ids).logits
+    torch.manual_seed(1)
+    b = ours(ids).logits
+    torch.manual_seed(2)
+    c = ours(ids).logits
+    assert torch.equal(a, b), "the same torch seed must give the same dropout masks"
+    assert not torch.allclose(a, c) and not torch.allclose(a, want), "dropout did not change the output"
+    a.float().logsumexp(-1).sum().backward()  # the training step's backward, through the dropout backward
+    grads = [p.grad for p in ours.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert calls["dense"] == 4 * ours.config.num_hidden_layers
 
 
 def test_register_rejects_names_transformers_reserves():

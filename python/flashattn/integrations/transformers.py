@@ -12,9 +12,10 @@ transformers' own flash path; the attention unpads padded batches and runs the v
 so no compute is spent on padding. Causal attention is bottom-right aligned (decoding with a KV
 cache: the queries are the last q_length keys). Sliding windows, GQA/MQA and softcap map onto the
 kernels' options; packed sequences (batch 1, position_ids restarting, or cu_seq_lens_* kwargs)
-run as varlen. Refused with NotImplementedError naming the option: attention dropout in training
-(dropout_p > 0), attention sinks (s_aux), output_attentions, and model-specific mask patterns
-(or/and mask functions, chunked attention).
+run as varlen. Attention dropout (the `dropout` transformers passes: the model's attention_dropout in
+training, 0 in eval) runs as flash_attn's dropout_p, on torch's generator. Refused with
+NotImplementedError naming the option: attention sinks (s_aux), output_attentions, and
+model-specific mask patterns (or/and mask functions, chunked attention).
 
 The name must not contain "flash": transformers treats such names as its own flash-attention
 implementations (it loads flash_attn or a Hub kernel for them instead of the registered function).
@@ -77,10 +78,6 @@ def attention_forward(
     """transformers' attention-function signature: query (batch, heads, q_len, d), key/value
     (batch, kv_heads, kv_len, d), attention_mask from `attention_mask()` below. Returns
     (out (batch, q_len, heads, d), None): no attention weights."""
-    if dropout:
-        raise NotImplementedError(
-            f"flashattn (transformers): attention dropout (dropout_p={dropout}, the model's attention_dropout in "
-            "training) is not implemented; set config.attention_dropout = 0.0, or call model.eval()")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("flashattn (transformers): attention sinks (s_aux) are not implemented")
     if kwargs.get("output_attentions"):
@@ -109,7 +106,8 @@ def attention_forward(
     if sliding_window is not None:
         # transformers' sliding_window counts the query's own key: key j is seen when i - j < sliding_window.
         window = (int(sliding_window) - 1, int(sliding_window) - 1)
-    opts = dict(softmax_scale=scaling, causal=bool(is_causal), window_size=window,
+    # transformers passes dropout = attention_dropout in training and 0.0 in eval (flash_attn's dropout_p).
+    opts = dict(dropout_p=float(dropout or 0.0), softmax_scale=scaling, causal=bool(is_causal), window_size=window,
                 softcap=0.0 if softcap is None else float(softcap), deterministic=bool(kwargs.get("deterministic")))
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
