@@ -230,8 +230,10 @@ def test_cuda_errors():
         flash_attn_varlen_func(q[0], q[0], q[0], cu, cu.cuda(), 8, 8)
     with pytest.raises(ValueError, match="options.device"):
         _flash_attn(q, q, q, backend="cpu")
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, q, q, dropout_p=1.0)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        flash_attn_func(q, q, q, alibi_slopes=torch.ones(3, device=DEV))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
