@@ -316,7 +316,6 @@ struct BwdMainloop {
 
     const ScoreTransform tf = ScoreTransform::make(p.bwd.mask.softmax_scale, p.bwd.mask.softcap);
     const int key0 = w.n_block * kBlockN;
-    const bool any_mods = p.bwd.alibi.enabled() || p.bwd.dropout.enabled();  // ALiBi, dropout: general copy
 
     if (w.steps() == 0) return;  // no query reaches these keys: dK = dV = 0
     // The writer warp's first "slice free" is this warpgroup's own arrival.
@@ -343,11 +342,10 @@ struct BwdMainloop {
       // Four copies of the elementwise code, picked per step by uniform branches, so interior
       // tiles pay for no mask and softcap-free calls for no tanh. ALiBi and dropout take the
       // general (masked) copy.
-      const bool masked = any_mods || w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
+      const ScoreMods mods = ScoreMods::make(p.bwd, tf, w.seq, w.batch, q_head);
+      const bool masked = mods.any() || w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
       auto elementwise = [&](auto masked_tag, auto softcap_tag) {
         constexpr bool kGeneral = decltype(masked_tag)::value;
-        ScoreMods mods;  // only the general copy holds them (registers)
-        if constexpr (kGeneral) mods = ScoreMods::make(p.bwd, tf, w.seq, w.batch, q_head);
         scores_to_p<kGeneral, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, mods, m_block, key0);
         // The keep bits, drawn while dP^T still runs: bit (r, c) of S^T's row/col view.
         DropoutMask<decltype(cS_rc), false, true> keep;

@@ -85,32 +85,19 @@ struct Mainloop {
   };
 
   // One tile with keys: O (zeroed by the caller) += softmax(Q K^T) V over its key blocks.
-  // Tiles with ALiBi or dropout run their own copy of the loop (kMods): compiled into the plain
-  // one, the options' code cost 2-5% with both off (same-run A/B, H100), as its registers
-  // and branches sat in every iteration.
   template <class TensorO>
   __device__ void run(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                       const Pingpong& ping, int mma_tidx) {
-    if (w.mods.any()) {
-      run_with<true>(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
-    } else {
-      run_with<false>(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
-    }
-  }
-  template <bool kMods, class TensorO>
-  __device__ void run_with(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO,
-                           Softmax& sm, const Pingpong& ping, int mma_tidx) {
     if constexpr (Sched::kOverlap) {
-      head<kMods>(ss, pipes, w, m_block, sm, ping, mma_tidx);
-      body<kMods>(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
+      head(ss, pipes, w, m_block, sm, ping, mma_tidx);
+      body(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
       tail(ss, pipes, tOrO, mma_tidx);
     } else {
-      run_plain<kMods>(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
+      run_plain(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
     }
   }
 
   // First key block of a tile: S = Q K^T, softmax -> P. Nothing of this warpgroup overlaps it.
-  template <bool kMods>
   __device__ void head(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, Softmax& sm,
                        const Pingpong& ping, int mma_tidx) {
     using namespace cute;
@@ -124,13 +111,13 @@ struct Mainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
-    softmax_block<kMods>(tSrS, w, m_block, w.n_end - 1, sm, mma_tidx);
-    convert_p<kMods>(tSrS, w, m_block, w.n_end - 1, mma_tidx);
+    softmax_block(tSrS, w, m_block, w.n_end - 1, sm, mma_tidx);
+    convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
   // Leaves the last block's P V to tail(); frees this tile's Q.
-  template <bool kMods, class TensorO>
+  template <class TensorO>
   __device__ void body(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                        const Pingpong& ping, int mma_tidx) {
     using namespace cute;
@@ -152,12 +139,12 @@ struct Mainloop {
       warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
-      softmax_block<kMods>(tSrS, w, m_block, n, sm, mma_tidx);
+      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
       pipes.v.consumer_release(v_read);
-      convert_p<kMods>(tSrS, w, m_block, n, mma_tidx);
+      convert_p(tSrS, w, m_block, n, mma_tidx);
     }
     pipes.q.consumer_release(q_read);  // every Q K^T of the tile has completed
     ++q_read;
@@ -179,7 +166,7 @@ struct Mainloop {
   }
 
   // The plain schedule (ablation): one whole tile, each block's GEMMs waited for in turn.
-  template <bool kMods, class TensorO>
+  template <class TensorO>
   __device__ void run_plain(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO,
                             Softmax& sm, const Pingpong& ping, int mma_tidx) {
     using namespace cute;
@@ -197,8 +184,8 @@ struct Mainloop {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
-      softmax_block<kMods>(tSrS, w, m_block, n, sm, mma_tidx);
-      convert_p<kMods>(tSrS, w, m_block, n, mma_tidx);
+      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
+      convert_p(tSrS, w, m_block, n, mma_tidx);
       if (rescale_o) rescale_rows(o_rc, scale);
       pipes.v.consumer_wait(kv_read);
       gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, kv_read.index()), tOrO);
@@ -236,7 +223,7 @@ struct Mainloop {
   // Softcap + ALiBi + boundary mask + online softmax of key block n; leaves P (fp32) in tSrS
   // and the O rescale factors in scale. The softmax sums the undropped P (the LSE ignores
   // dropout); convert_p drops entries, and the epilogue applies the 1 / keep probability to O.
-  template <bool kMods, class TensorS>
+  template <class TensorS>
   __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, Softmax& sm, int mma_tidx) {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
@@ -245,9 +232,7 @@ struct Mainloop {
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
     Tensor cS = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-    if constexpr (kMods) {
-      if (w.mods.alibi()) alibi_apply<true>(s, cS, row0, col0, w.mods);
-    }
+    if (w.mods.alibi()) alibi_apply<true>(s, cS, row0, col0, w.mods);
     // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
     // varlen sequence) and the epilogue never stores them.
     if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
@@ -256,11 +241,11 @@ struct Mainloop {
 
   // P_j (fp32) -> the 16-bit A operand of P V, dropped entries zeroed there: after the
   // conversion S is dead, so the Philox draws find registers free (on S they spilled).
-  template <bool kMods, class TensorS>
+  template <class TensorS>
   __device__ void convert_p(const TensorS& tSrS, const TileWork& w, int m_block, int n, int mma_tidx) {
     using namespace cute;
     convert_fragment(tSrS, tOrP);
-    if (kMods && w.mods.dropout()) {
+    if (w.mods.dropout()) {
       Tensor p = make_tensor(tOrP.data(), acc_rowcol(tSrS.layout()));  // same register order as S
       Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
           make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
