@@ -112,7 +112,7 @@ inline flashattn_status check_grid(int batch, int heads) {
 
 template <typename Kt>
 flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = fwd_kernel<Kt>;
+  auto kernel = p.shape.headdim == Kt::kHeadDim ? fwd_kernel<Kt, true> : fwd_kernel<Kt, false>;
   flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "forward", Kt::kHeadDim);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
