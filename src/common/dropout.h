@@ -51,6 +51,15 @@ struct Dropout {
       *o = offset;
     }
   }
+  // The same, once per call: zeros when dropout is off (the host paths pass it to every block).
+  struct SeedOffset {
+    uint64_t seed = 0, offset = 0;
+  };
+  FA_HD SeedOffset resolved() const {
+    SeedOffset r;
+    if (enabled()) resolve(&r.seed, &r.offset);
+    return r;
+  }
   // The Philox stream of (sequence b, query head h).
   FA_HD static uint64_t stream(uint64_t offset, int b, int nheads_q, int h) {
     return offset + uint64_t(b) * uint64_t(nheads_q) + uint64_t(h);

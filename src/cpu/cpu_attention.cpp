@@ -216,14 +216,7 @@ std::vector<std::pair<int, int>> blocks(const Shape& sh, const int32_t* cu_q, co
 static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "tiles must hold whole dropout units");
 
 // Seed and offset as the call sees them, read once per call (rng_state: a host pointer here).
-struct Rng {
-  uint64_t seed = 0, offset = 0;
-};
-Rng resolve_rng(const Dropout& d) {
-  Rng r;
-  if (d.enabled()) d.resolve(&r.seed, &r.offset);
-  return r;
-}
+using Rng = Dropout::SeedOffset;
 
 // The score modifiers of one (sequence b, query head h). Off (both false) costs nothing per
 // element: the tile loops test the flags once per row.
@@ -773,7 +766,7 @@ flashattn_status fwd(const FwdParams& p) {
   if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
   const auto items = blocks(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const int64_t n = int64_t(items.size());
-  const Rng rng = resolve_rng(p.dropout);
+  const Rng rng = p.dropout.resolved();
   // Heads outermost: neighbouring items share K/V in cache.
   std::string err = parallel_for(
       n * p.shape.nheads_q, [&] { return FwdScratch(p.shape.headdim); },
@@ -800,7 +793,7 @@ flashattn_status bwd(const BwdParams& p, void* workspace) {
   const auto qblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const auto kblocks = blocks(sh, p.cu_seqlens_q, p.cu_seqlens_k, true, kBlockN);
   const int64_t nq = int64_t(qblocks.size()), nk = int64_t(kblocks.size());
-  const Rng rng = resolve_rng(p.dropout);
+  const Rng rng = p.dropout.resolved();
 
   std::string err = parallel_for(
       nq * sh.nheads_q, [&] { return DScratch(sh.headdim); },

@@ -72,15 +72,8 @@ struct RowMods {
   bool keep(int j) const { return dropout->keep(seed, stream, i, j); }
 };
 
-// Seed and offset of a call, resolved once (rng_state is a host pointer on the host paths).
-struct Rng {
-  uint64_t seed = 0, offset = 0;
-};
-Rng resolve_rng(const Dropout& d) {
-  Rng r;
-  if (d.enabled()) d.resolve(&r.seed, &r.offset);
-  return r;
-}
+// Seed and offset as the call sees them, read once per call (rng_state: a host pointer here).
+using Rng = Dropout::SeedOffset;
 
 template <class P>
 RowMods row_mods(const P& p, const Rng& rng, const SeqBounds& sb, int b, int h) {
@@ -166,7 +159,7 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
     std::vector<double> K, V, q, o;
     std::vector<Acc> s;
   };
-  const Rng rng = resolve_rng(p.dropout);
+  const Rng rng = p.dropout.resolved();
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_q, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
@@ -206,7 +199,7 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
     std::vector<Acc> pr, pd, dp, g, dq, dk_h, dv_h, dk, dv;
     std::vector<char> z;  // the row's dropout keep mask
   };
-  const Rng rng = resolve_rng(p.dropout);
+  const Rng rng = p.dropout.resolved();
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_kv, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
@@ -395,7 +388,7 @@ double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision,
   std::vector<double> K, V, q(static_cast<size_t>(d));
   gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &K, &V);
   load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, q.data());
-  RowMods mods = row_mods(p, resolve_rng(p.dropout), sb, b, h);
+  RowMods mods = row_mods(p, p.dropout.resolved(), sb, b, h);
   mods.i = i;
   if (accumulate_in_float(md)) {
     std::vector<float> s(size_t(sb.seqlen_k) + 1);
