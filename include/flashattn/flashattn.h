@@ -213,6 +213,47 @@ FLASHATTN_API uint32_t flashattn_compiled_backends(void);
 FLASHATTN_API flashattn_status flashattn_device_capability(int32_t device,
                                                            flashattn_device_info* info);
 
+/* ---- Combining partial attention results (split-KV, cascade / prefix caching) ----------------
+ * Attention over key ranges computed separately gives partial outputs O_s and their LSEs (as
+ * flashattn_fwd returns them: natural log, -inf for a row that saw no key). flashattn_combine
+ * merges them into the attention over the union of the ranges:
+ *   LSE = log(sum_s exp(LSE_s)),  O = sum_s exp(LSE_s - LSE) O_s
+ * A row whose every LSE_s is -inf gets O = 0 and LSE = -inf (never NaN); a split whose LSE_s is
+ * -inf contributes nothing (its O_s is not read, so it may hold anything). A NaN LSE_s, or an
+ * LSE_s of +inf, makes its row NaN. Host tensors: fp16/bf16/fp32 accumulate in fp32, fp64 in fp64.
+ * CUDA tensors (options.device >= 0): FLASHATTN_ERROR_NOT_SUPPORTED for now (the GPU combine
+ * kernel comes with split-KV). Fixed-length layout only (no varlen). */
+typedef struct flashattn_combine_params {
+  uint32_t struct_size; /* sizeof(flashattn_combine_params) */
+  flashattn_dtype dtype; /* of out_partial and out */
+  int32_t num_splits;    /* >= 1; must equal out_partial_shape[0] */
+  /* Input: the partial outputs stacked, [num_splits, batch, seqlen_q, nheads, headdim], strides in
+   * elements (>= 0, out_partial_stride[4] must be 1): what a split-KV kernel writes. */
+  const void* out_partial;
+  int64_t out_partial_shape[5];
+  int64_t out_partial_stride[5];
+  /* Input: the partial LSEs, [num_splits, batch, nheads, seqlen_q] (shape implied by
+   * out_partial_shape), strides in elements (>= 0). fp32 in lse_partial, or, for dtype fp64 only,
+   * fp64 in lse_partial_fp64 (set exactly one). */
+  const float* lse_partial;
+  const double* lse_partial_fp64;
+  int64_t lse_partial_stride[4];
+  /* Output: [batch, seqlen_q, nheads, headdim], the shape of one split. */
+  flashattn_tensor out;
+  /* Optional outputs: the combined LSE, contiguous [batch, nheads, seqlen_q]; fp32 in lse or (dtype
+   * fp64 only) fp64 in lse_fp64; set at most one. */
+  float* lse;
+  double* lse_fp64;
+  /* Only backend (AUTO, CPU or REFERENCE for host tensors: all run the same host code), device and
+   * num_threads are read; the attention options are ignored. */
+  flashattn_options options;
+} flashattn_combine_params;
+
+/* struct_size set, dtype bf16, num_splits 1, host tensors, backend AUTO, everything else 0/NULL. */
+FLASHATTN_API flashattn_combine_params flashattn_combine_params_init(void);
+/* stream: a cudaStream_t for device tensors; ignored for host tensors (the call is synchronous). */
+FLASHATTN_API flashattn_status flashattn_combine(const flashattn_combine_params* params, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

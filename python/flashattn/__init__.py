@@ -71,6 +71,7 @@ if _torch is not None:
         flash_attn_varlen_kvpacked_func,
         flash_attn_varlen_qkvpacked_func,
     )
+    from .combine import combine  # noqa: E402
 else:  # pragma: no cover
 
     def _needs_torch(name: str) -> Callable[..., Any]:
@@ -80,8 +81,8 @@ else:  # pragma: no cover
         f.__name__ = name
         return f
 
-    for _n in _TORCH_API:
+    for _n in _TORCH_API + ["combine"]:
         globals()[_n] = _needs_torch(_n)
 
-__all__ = _TORCH_API + ["FlashAttnError", "compiled_backends", "device_info", "install_as_flash_attn", "library_path",
-                       "version"]
+__all__ = _TORCH_API + ["FlashAttnError", "combine", "compiled_backends", "device_info", "install_as_flash_attn",
+                       "library_path", "version"]

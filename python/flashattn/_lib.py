@@ -119,6 +119,26 @@ class BwdParams(ctypes.Structure):
     ]
 
 
+class CombineParams(ctypes.Structure):
+    """flashattn_combine_params: merging partial attention results (split-KV, cascade)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_int),
+        ("num_splits", ctypes.c_int32),
+        ("out_partial", ctypes.c_void_p),  # [num_splits, batch, seqlen_q, nheads, headdim]
+        ("out_partial_shape", ctypes.c_int64 * 5),
+        ("out_partial_stride", ctypes.c_int64 * 5),
+        ("lse_partial", ctypes.c_void_p),  # const float*: [num_splits, batch, nheads, seqlen_q]
+        ("lse_partial_fp64", ctypes.c_void_p),  # const double*: in place of lse_partial (fp64 only)
+        ("lse_partial_stride", ctypes.c_int64 * 4),
+        ("out", Tensor),
+        ("lse", ctypes.c_void_p),  # float*: [batch, nheads, seqlen_q], contiguous, may be NULL
+        ("lse_fp64", ctypes.c_void_p),  # double*: in place of lse (fp64 only)
+        ("options", Options),
+    ]
+
+
 class DeviceInfo(ctypes.Structure):
     _fields_ = [
         ("device", ctypes.c_int32),
@@ -212,13 +232,21 @@ def _declare(lib):
     lib.flashattn_compiled_backends.argtypes = []
     lib.flashattn_device_capability.restype = c.c_int
     lib.flashattn_device_capability.argtypes = [c.c_int32, c.POINTER(DeviceInfo)]
+    if hasattr(lib, "flashattn_combine"):
+        lib.flashattn_combine_params_init.restype = CombineParams
+        lib.flashattn_combine_params_init.argtypes = []
+        lib.flashattn_combine.restype = c.c_int
+        lib.flashattn_combine.argtypes = [c.POINTER(CombineParams), c.c_void_p]
     if hasattr(lib, "flashattn_sm90_set_ablation"):
         lib.flashattn_sm90_set_ablation.restype = c.c_int
         lib.flashattn_sm90_set_ablation.argtypes = [c.c_int, c.c_int]
 
 
 def _check_abi(lib, path):
-    for init, struct in [(lib.flashattn_fwd_params_init, FwdParams), (lib.flashattn_bwd_params_init, BwdParams)]:
+    checks = [(lib.flashattn_fwd_params_init, FwdParams), (lib.flashattn_bwd_params_init, BwdParams)]
+    if hasattr(lib, "flashattn_combine_params_init"):
+        checks.append((lib.flashattn_combine_params_init, CombineParams))
+    for init, struct in checks:
         got = init().struct_size
         if got != ctypes.sizeof(struct):
             raise ImportError(
