@@ -522,8 +522,10 @@ TEST_P(DropoutCpuGrid, MatchesOracle) {
     ScopedHostThreads one(1);
     ASSERT_EQ(kCpuBackend.bwd(p.bwd_params(), nullptr, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
   }
-  // Given the forward's LSE too (checked just above): see check_bwd's given_lse.
-  EXPECT_TRUE(check_bwd(p, exact, standard, Rule(), /*given_lse=*/true));
+  // Given the forward's LSE too (checked just above) where ALiBi makes |LSE| large: see
+  // check_bwd's given_lse. Elsewhere the plain rule (with given_lse the yardstick, standard vs
+  // exact, no longer matches the target, and fp32 dV failed ~1 run in 150 at 1.2x tolerance).
+  EXPECT_TRUE(check_bwd(p, exact, standard, Rule(), /*given_lse=*/!p.c.alibi_slopes.empty()));
   const HostTensor dq = p.dq, dk = p.dk, dv = p.dv;
   for (HostTensor* t : {&p.dq, &p.dk, &p.dv}) t->fill_nan();
   {
