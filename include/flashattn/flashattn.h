@@ -37,7 +37,8 @@
  * ABI growth: struct_size is sizeof() of the caller's header version. The library accepts the
  * current size and every earlier one, and reads only the fields an earlier size covers (the
  * ones added later read as zero/NULL): flashattn_fwd_params/flashattn_bwd_params ended after
- * `varlen` before `lse_fp64` was added, and after `lse_fp64` before the dropout/ALiBi fields.
+ * `varlen` before `lse_fp64` was added, and after `lse_fp64` before the dropout/ALiBi fields;
+ * flashattn_fwd_params ended after `alibi_batch_stride` before `kv_cache` and `num_splits`.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -124,6 +125,48 @@ typedef struct flashattn_varlen {
   int32_t max_seqlen_k;
 } flashattn_varlen;
 
+/* The keys' and values' storage for inference (flash_attn_with_kvcache, paged KV); all zero/NULL
+ * (what flashattn_fwd_params_init() leaves) = plain contiguous k/v. Forward only.
+ *
+ * Sequence b's keys are rows [leftpad[b], end_b) of its cache, where end_b is seqlens[b] (+ the
+ * new rows, below), or without seqlens the cache's capacity (fixed length) / its cu_seqlens_k
+ * length (varlen). Masks, ALiBi and the LSE see only those rows (seqlen_k = end_b - leftpad[b]),
+ * bottom-right aligned with the queries as always. Row r of sequence b lives at:
+ *   contiguous: k[batch_idx ? batch_idx[b] : b, r] (varlen: packed row cu_seqlens_k[b] + r);
+ *   paged (block_table set): k is [num_pages, page_size, nheads_kv, headdim] with any
+ *     page_size >= 1, and row r is k[block_table[b * block_table_stride + r / page_size],
+ *     r % page_size]. Capacity: max_pages * page_size rows.
+ * Index arrays are int32 [batch] in the tensors' memory space. Host arrays are checked (pages in
+ * [0, num_pages) for every row read, seqlens within capacity, leftpad <= seqlens, batch_idx in
+ * range); device arrays only with FLASHATTN_CHECK_CU_SEQLENS=1 (a stream sync), otherwise bad
+ * entries are clamped into range and never address memory outside the tensors.
+ *
+ * Appending (k_new.data set; fixed length only; seqlens required): the call first writes k_new /
+ * v_new [batch, seqlen_new, nheads_kv, headdim] into the cache at rows
+ * [seqlens[b], seqlens[b] + seqlen_new) (flashattn_fwd_params.k/v are written: they must not
+ * alias q or out), then attends over rows [leftpad[b], seqlens[b] + seqlen_new).
+ * Rotary embedding (rotary_cos set; needs k_new): cos/sin are [rotary_seqlen, rotary_dim / 2]
+ * contiguous in q's dtype, applied to the first rotary_dim columns of q and k_new (the stored
+ * keys are the rotated ones; q itself is not written). New key j of sequence b sits at position
+ * seqlens[b] + j; query row i at seqlens[b] + i when causal or windowed, otherwise every query
+ * row at seqlens[b] (flash_attn's convention). Interleaved rotates column pairs (2c, 2c + 1)
+ * (GPT-J); otherwise (c, c + rotary_dim / 2) (GPT-NeoX):
+ *   x'[c0] = x[c0] cos[pos, c] - x[c1] sin[pos, c],  x'[c1] = x[c0] sin[pos, c] + x[c1] cos[pos, c]. */
+typedef struct flashattn_kv_cache {
+  const int32_t* block_table;  /* paged KV: [batch, block_table_stride] page indices; NULL = contiguous */
+  int64_t block_table_stride;  /* elements between sequences' rows of block_table, >= max_pages */
+  int32_t max_pages;           /* page entries per sequence, >= 1 with block_table */
+  const int32_t* seqlens;      /* optional: end row of each sequence (flash_attn's cache_seqlens) */
+  const int32_t* leftpad;      /* optional: first row of each sequence (cache_leftpad), default 0 */
+  const int32_t* batch_idx;    /* optional, contiguous only: cache batch of each sequence */
+  flashattn_tensor k_new, v_new; /* optional rows to append; data NULL = none */
+  const void* rotary_cos;      /* optional, with k_new: [rotary_seqlen, rotary_dim / 2] */
+  const void* rotary_sin;
+  int64_t rotary_seqlen;       /* rows of rotary_cos / rotary_sin */
+  int32_t rotary_dim;          /* even, in [2, headdim] */
+  int32_t rotary_interleaved;  /* 0 or 1 */
+} flashattn_kv_cache;
+
 typedef struct flashattn_fwd_params {
   uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow (see the top) */
   flashattn_dtype dtype;
@@ -148,6 +191,11 @@ typedef struct flashattn_fwd_params {
    * [batch, nheads_q] with alibi_batch_stride >= nheads_q elements between sequences. */
   const float* alibi_slopes;
   int64_t alibi_batch_stride;
+  /* Appended for inference (read only when struct_size covers them). */
+  flashattn_kv_cache kv_cache; /* KV cache / paged KV / append / rotary; zero = off */
+  int32_t num_splits;          /* split-KV: 0 = the path's heuristic, 1 = never split, n > 1 = at most
+                                  n key ranges merged as flashattn_combine does (CUDA paths; the host
+                                  paths never split: the value changes no result, only rounding) */
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {

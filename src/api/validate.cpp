@@ -1,10 +1,12 @@
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "api/cuda_util.h"
@@ -18,7 +20,8 @@ namespace flashattn {
 #if UINTPTR_MAX == UINT64_MAX
 static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
 static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && offsetof(flashattn_fwd_params, lse_fp64) == 376 &&
-                  offsetof(flashattn_fwd_params, dropout_seed) == 384 && sizeof(flashattn_fwd_params) == 424,
+                  offsetof(flashattn_fwd_params, dropout_seed) == 384 &&
+                  offsetof(flashattn_fwd_params, kv_cache) == 424 && sizeof(flashattn_fwd_params) == 656,
               "flashattn_fwd_params layout changed");
 static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && offsetof(flashattn_bwd_params, lse_fp64) == 664 &&
                   offsetof(flashattn_bwd_params, dropout_seed) == 672 && sizeof(flashattn_bwd_params) == 712,
@@ -266,9 +269,12 @@ RowStrides row_strides(const flashattn_tensor& t, bool varlen) {
 }
 
 // Shared by fwd and bwd: options, dtype, device, shapes of q/k/v, varlen. Fills shape/mask.
+// A KV cache (kv_cache_k_batch) leaves k's first dimension to the cache's own layout (pages, or
+// cache batches): check_kv_cache checks it, and the varlen check does not bound cu_seqlens_k by it.
 flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype dtype, const flashattn_varlen& vl,
                                   const flashattn_tensor& q, const flashattn_tensor& k, const flashattn_tensor& v,
-                                  void* stream, Shape* shape, MaskOptions* mask, CallContext* ctx) {
+                                  void* stream, Shape* shape, MaskOptions* mask, CallContext* ctx,
+                                  bool kv_cache_k_batch = false, bool paged = false) {
   flashattn_status s = check_options(opts, ctx);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_dtype(dtype, ctx->device)) != FLASHATTN_SUCCESS) return s;
@@ -295,8 +301,8 @@ flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype
                      (long long)q.shape[2], (long long)k.shape[2]);
   if (varlen) {
     if (q.shape[0] != 1) return set_error(kInvalid, "q.shape[0]: %lld (varlen tensors are packed: [1, total_q, nheads, headdim])", (long long)q.shape[0]);
-    if (k.shape[0] != 1) return set_error(kInvalid, "k.shape[0]: %lld (varlen tensors are packed: [1, total_k, nheads, headdim])", (long long)k.shape[0]);
-  } else if (k.shape[0] != q.shape[0]) {
+    if (k.shape[0] != 1 && !kv_cache_k_batch) return set_error(kInvalid, "k.shape[0]: %lld (varlen tensors are packed: [1, total_k, nheads, headdim])", (long long)k.shape[0]);
+  } else if (k.shape[0] != q.shape[0] && !kv_cache_k_batch) {
     return set_error(kInvalid, "k.shape[0]: batch %lld differs from q's %lld", (long long)k.shape[0],
                      (long long)q.shape[0]);
   }
@@ -305,7 +311,8 @@ flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype
   if ((s = check_tensor("q", q, qexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_tensor("k", k, kexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_tensor("v", v, kexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
-  if (varlen && (s = check_varlen(vl, q.shape[1], k.shape[1], stream, *ctx)) != FLASHATTN_SUCCESS) return s;
+  if (varlen && (s = check_varlen(vl, q.shape[1], paged ? INT32_MAX : k.shape[1], stream, *ctx)) != FLASHATTN_SUCCESS)
+    return s;
 
   shape->batch = varlen ? vl.batch : int(q.shape[0]);
   shape->seqlen_q = varlen ? vl.max_seqlen_q : int(q.shape[1]);
@@ -340,18 +347,36 @@ constexpr size_t size_before_dropout() {
   return offsetof(P, dropout_seed);
 }
 
+// Every struct_size a caller may pass: the current one and each earlier header's.
+template <typename P>
+struct EarlierSizes {
+  static constexpr size_t sizes[] = {size_before_dropout<P>(), size_before_lse_fp64<P>()};
+};
+template <>
+struct EarlierSizes<flashattn_fwd_params> {  // fwd_params also grew by the KV cache fields
+  static constexpr size_t sizes[] = {offsetof(flashattn_fwd_params, kv_cache),
+                                     size_before_dropout<flashattn_fwd_params>(),
+                                     size_before_lse_fp64<flashattn_fwd_params>()};
+};
+
 // Copies the caller's struct into *full: the current size, or an earlier version's (struct_size
 // says which), whose later fields are not read and stay zero (lse_fp64 = NULL, no ALiBi, dropout
-// seed 0).
+// seed 0, no KV cache).
 template <typename P>
 flashattn_status check_header(const P* p, const char* what, P* full) {
   if (p == nullptr) return set_error(kInvalid, "params: NULL");
   const size_t n = p->struct_size;
-  if (n != sizeof(P) && n != size_before_dropout<P>() && n != size_before_lse_fp64<P>())
+  bool known = n == sizeof(P);
+  std::string earlier;
+  for (size_t e : EarlierSizes<P>::sizes) {
+    known = known || n == e;
+    earlier += (earlier.empty() ? "" : ", ") + std::to_string(e);
+  }
+  if (!known)
     return set_error(kInvalid,
-                     "params.struct_size: %u, expected sizeof(%s) = %zu, or %zu / %zu from a header before the "
-                     "dropout fields / before lse_fp64 (header/library mismatch?)",
-                     p->struct_size, what, sizeof(P), size_before_dropout<P>(), size_before_lse_fp64<P>());
+                     "params.struct_size: %u, expected sizeof(%s) = %zu, or one of %s from an earlier header "
+                     "(header/library mismatch?)",
+                     p->struct_size, what, sizeof(P), earlier.c_str());
   std::memset(static_cast<void*>(full), 0, sizeof(P));
   std::memcpy(static_cast<void*>(full), p, n);
   return FLASHATTN_SUCCESS;
@@ -394,6 +419,197 @@ flashattn_status check_score_mods(const P& p, const Shape& sh, const CallContext
   return FLASHATTN_SUCCESS;
 }
 
+// An int32 index array of the KV cache ([n] entries of `name`): aligned, in the tensors' memory
+// space. *host points at host-readable contents, or is NULL for device arrays that are not checked
+// (as cu_seqlens: only with FLASHATTN_CHECK_CU_SEQLENS=1, outside capture and size queries).
+flashattn_status read_index_array(const char* name, const int32_t* a, size_t n, void* stream, const CallContext& ctx,
+                                  std::vector<int32_t>* copy, const int32_t** host) {
+  *host = nullptr;
+  if (a == nullptr) return FLASHATTN_SUCCESS;
+  flashattn_status s = check_lse(name, a, false, 0, ctx, sizeof(int32_t));
+  if (s != FLASHATTN_SUCCESS) return s;
+  if (!on_device(ctx)) {
+    *host = a;
+    return FLASHATTN_SUCCESS;
+  }
+#if defined(FLASHATTN_HAS_CUDA)
+  const char* check = std::getenv("FLASHATTN_CHECK_CU_SEQLENS");
+  if (stream == kSizeQuery || !(check && check[0] == '1') || cuda::stream_is_capturing(stream) || n == 0)
+    return FLASHATTN_SUCCESS;
+  copy->resize(n);
+  if ((s = cuda::copy_to_host(copy->data(), a, n * sizeof(int32_t), stream)) != FLASHATTN_SUCCESS) return s;
+  *host = copy->data();
+#else
+  (void)stream;
+  (void)copy;
+#endif
+  return FLASHATTN_SUCCESS;
+}
+
+// flashattn_kv_cache: layout of k/v (pages or cache batches), index arrays, rows to append and
+// the rotary tables. Fills out->kv and the shape's key extents (fixed: seqlen_k = the capacity).
+flashattn_status check_kv_cache(const flashattn_fwd_params& p, void* stream, const CallContext& ctx, FwdParams* out) {
+  const flashattn_kv_cache& c = p.kv_cache;
+  KvCache& kv = out->kv;
+  Shape& sh = out->shape;
+  const bool varlen = p.varlen.cu_seqlens_q != nullptr;
+  const bool paged = c.block_table != nullptr;
+  const bool appends = c.k_new.data != nullptr || c.v_new.data != nullptr;
+  flashattn_status s;
+  if (p.num_splits < 0) return set_error(kInvalid, "num_splits: %d (0 = heuristic, 1 = no split, n > 1)", p.num_splits);
+  out->num_splits = p.num_splits;
+  if (!paged && (c.block_table_stride != 0 || c.max_pages != 0))
+    return set_error(kInvalid, "kv_cache.%s: %lld, but kv_cache.block_table is NULL",
+                     c.max_pages != 0 ? "max_pages" : "block_table_stride",
+                     c.max_pages != 0 ? (long long)c.max_pages : (long long)c.block_table_stride);
+  if (!appends && (c.rotary_cos != nullptr || c.rotary_sin != nullptr))
+    return set_error(kInvalid, "kv_cache.rotary_cos: the rotary embedding is applied with rows to append "
+                               "(kv_cache.k_new); without them, rotate q and k before the call");
+  kv.num_cache_batches = int(p.k.shape[0]);
+  if (paged) {
+    if (c.batch_idx != nullptr)
+      return set_error(kInvalid, "kv_cache.batch_idx: not supported with kv_cache.block_table (the block table "
+                                 "already maps each sequence to its pages)");
+    if (c.max_pages < 1) return set_error(kInvalid, "kv_cache.max_pages: %d (must be >= 1 with a block table)", c.max_pages);
+    if (c.block_table_stride < c.max_pages && sh.batch > 1)
+      return set_error(kInvalid, "kv_cache.block_table_stride: %lld (must be >= kv_cache.max_pages = %d)",
+                       (long long)c.block_table_stride, c.max_pages);
+    if (p.k.shape[1] < 1)
+      return set_error(kInvalid, "k.shape[1]: page size %lld (paged k/v are [num_pages, page_size, nheads_kv, "
+                                 "headdim], page_size >= 1)", (long long)p.k.shape[1]);
+    if (int64_t(c.max_pages) * p.k.shape[1] > INT32_MAX)
+      return set_error(kInvalid, "kv_cache.max_pages: %d pages of %lld rows exceed 2^31-1 rows", c.max_pages,
+                       (long long)p.k.shape[1]);
+    kv.block_table = c.block_table;
+    kv.block_table_stride = c.block_table_stride;
+    kv.max_pages = c.max_pages;
+    kv.page_size = int(p.k.shape[1]);
+    kv.num_pages = int(p.k.shape[0]);
+    // Pages are addressed through the tensors' first stride, varlen or not.
+    out->k_stride.batch = p.k.stride[0];
+    out->v_stride.batch = p.v.stride[0];
+    sh.total_k = int(std::min<int64_t>(int64_t(kv.num_pages) * kv.page_size, INT32_MAX));
+    if (!varlen) sh.seqlen_k = kv.room(0);
+  } else if (c.batch_idx != nullptr && varlen) {
+    return set_error(kInvalid, "kv_cache.batch_idx: not supported with varlen (packed k/v have one batch)");
+  }
+  kv.seqlens = c.seqlens;
+  kv.leftpad = c.leftpad;
+  kv.batch_idx = c.batch_idx;
+
+  if (appends) {
+    if (c.k_new.data == nullptr || c.v_new.data == nullptr)
+      return set_error(kInvalid, "kv_cache.%s.data: NULL (give both k_new and v_new, or neither)",
+                       c.k_new.data == nullptr ? "k_new" : "v_new");
+    if (varlen) return set_error(kInvalid, "kv_cache.k_new: appending is for fixed-length calls (not varlen)");
+    if (p.q.shape[1] < 1)
+      return set_error(kInvalid, "q.shape[1]: 0 queries with kv_cache.k_new (appending runs with the attention)");
+    if (c.seqlens == nullptr)
+      return set_error(kInvalid, "kv_cache.seqlens: NULL (appending needs each sequence's end row)");
+    const int64_t expect[4] = {p.q.shape[0], c.k_new.shape[1], p.k.shape[2], p.q.shape[3]};
+    if (c.k_new.shape[1] < 1)
+      return set_error(kInvalid, "kv_cache.k_new.shape[1]: %lld new rows (must be >= 1)", (long long)c.k_new.shape[1]);
+    if ((s = check_tensor("kv_cache.k_new", c.k_new, expect, p.dtype, ctx)) != FLASHATTN_SUCCESS) return s;
+    if ((s = check_tensor("kv_cache.v_new", c.v_new, expect, p.dtype, ctx)) != FLASHATTN_SUCCESS) return s;
+    if (c.k_new.shape[1] > kv.room(int(p.k.shape[1])))
+      return set_error(kInvalid, "kv_cache.k_new.shape[1]: %lld new rows exceed the cache's %d rows",
+                       (long long)c.k_new.shape[1], kv.room(int(p.k.shape[1])));
+    kv.k_new = c.k_new.data;
+    kv.v_new = c.v_new.data;
+    kv.k_new_batch = c.k_new.stride[0];
+    kv.k_new_row = c.k_new.stride[1];
+    kv.k_new_head = c.k_new.stride[2];
+    kv.v_new_batch = c.v_new.stride[0];
+    kv.v_new_row = c.v_new.stride[1];
+    kv.v_new_head = c.v_new.stride[2];
+    kv.seqlen_new = int(c.k_new.shape[1]);
+  }
+  if (c.rotary_cos != nullptr || c.rotary_sin != nullptr) {
+    if (c.rotary_cos == nullptr || c.rotary_sin == nullptr)
+      return set_error(kInvalid, "kv_cache.%s: NULL (give both rotary_cos and rotary_sin)",
+                       c.rotary_cos == nullptr ? "rotary_cos" : "rotary_sin");
+    if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > p.q.shape[3])
+      return set_error(kInvalid, "kv_cache.rotary_dim: %d (must be even, >= 2 and <= headdim %lld)", c.rotary_dim,
+                       (long long)p.q.shape[3]);
+    if (c.rotary_seqlen < 1 || c.rotary_seqlen > INT32_MAX)
+      return set_error(kInvalid, "kv_cache.rotary_seqlen: %lld (must be in [1, 2^31-1])", (long long)c.rotary_seqlen);
+    if (c.rotary_interleaved != 0 && c.rotary_interleaved != 1)
+      return set_error(kInvalid, "kv_cache.rotary_interleaved: %d (0 or 1)", c.rotary_interleaved);
+    const size_t es = dtype_size(p.dtype);
+    if ((s = check_lse("kv_cache.rotary_cos", c.rotary_cos, false, 0, ctx, es)) != FLASHATTN_SUCCESS) return s;
+    if ((s = check_lse("kv_cache.rotary_sin", c.rotary_sin, false, 0, ctx, es)) != FLASHATTN_SUCCESS) return s;
+    kv.rotary_cos = c.rotary_cos;
+    kv.rotary_sin = c.rotary_sin;
+    kv.rotary_seqlen = int(c.rotary_seqlen);
+    kv.rotary_dim = c.rotary_dim;
+    kv.rotary_interleaved = c.rotary_interleaved != 0;
+    kv.rotary_per_row = p.options.causal != 0 || p.options.window_left >= 0 || p.options.window_right >= 0;
+  }
+
+  // The index arrays' contents, where they can be read (host arrays; device ones on request).
+  const size_t n = size_t(sh.batch);
+  std::vector<int32_t> c_seqlens, c_leftpad, c_batch_idx, c_table, c_cu;
+  const int32_t *seqlens, *leftpad, *batch_idx, *table = nullptr, *cu_k = nullptr;
+  if ((s = read_index_array("kv_cache.seqlens", c.seqlens, n, stream, ctx, &c_seqlens, &seqlens)) != FLASHATTN_SUCCESS)
+    return s;
+  if ((s = read_index_array("kv_cache.leftpad", c.leftpad, n, stream, ctx, &c_leftpad, &leftpad)) != FLASHATTN_SUCCESS)
+    return s;
+  if ((s = read_index_array("kv_cache.batch_idx", c.batch_idx, n, stream, ctx, &c_batch_idx, &batch_idx)) !=
+      FLASHATTN_SUCCESS)
+    return s;
+  if (paged) {
+    const size_t entries = n == 0 ? 0 : size_t(c.block_table_stride) * (n - 1) + size_t(c.max_pages);
+    if ((s = read_index_array("kv_cache.block_table", c.block_table, entries, stream, ctx, &c_table, &table)) !=
+        FLASHATTN_SUCCESS)
+      return s;
+  }
+  if (varlen && (s = read_index_array("varlen.cu_seqlens_k", p.varlen.cu_seqlens_k, n + 1, stream, ctx, &c_cu,
+                                      &cu_k)) != FLASHATTN_SUCCESS)
+    return s;
+  const bool unread = (c.seqlens && !seqlens) || (c.leftpad && !leftpad) || (c.batch_idx && !batch_idx) ||
+                      (paged && !table) || (varlen && !cu_k);
+  if (unread) return FLASHATTN_SUCCESS;  // device arrays, unchecked: the paths clamp (KvCache)
+  const int cache_rows = int(std::min<int64_t>(p.k.shape[1], INT32_MAX));
+  for (int b = 0; b < sh.batch; ++b) {
+    const int len = varlen ? cu_k[b + 1] - cu_k[b] : cache_rows;
+    const int room = kv.room(len);
+    if (varlen && paged && len > room)
+      return set_error(kInvalid, "varlen.cu_seqlens_k: sequence %d has %d keys, more than its %d pages of %d rows "
+                                 "(kv_cache.max_pages)", b, len, kv.max_pages, kv.page_size);
+    int end = std::min(room, len);
+    if (seqlens) {
+      const int lim = appends ? room - kv.seqlen_new : end;
+      if (seqlens[b] < 0 || seqlens[b] > lim)
+        return set_error(kInvalid, appends ? "kv_cache.seqlens[%d]: %d, plus %d new rows, exceeds the cache's %d rows"
+                                           : "kv_cache.seqlens[%d]: %d is outside [0, %d] (the sequence's rows)",
+                         b, seqlens[b], appends ? kv.seqlen_new : lim, room);
+      end = seqlens[b] + kv.seqlen_new;
+    }
+    if (leftpad && (leftpad[b] < 0 || leftpad[b] > end))
+      return set_error(kInvalid, "kv_cache.leftpad[%d]: %d is outside [0, %d] (the sequence's end row)", b, leftpad[b],
+                       end);
+    if (batch_idx && (batch_idx[b] < 0 || batch_idx[b] >= kv.num_cache_batches))
+      return set_error(kInvalid, "kv_cache.batch_idx[%d]: %d is outside [0, %d) (k.shape[0])", b, batch_idx[b],
+                       kv.num_cache_batches);
+    if (table) {
+      const int first = leftpad ? leftpad[b] : 0;  // rows before it are never read
+      for (int pg = first / kv.page_size; pg * int64_t(kv.page_size) < end; ++pg) {
+        const int32_t v = table[size_t(b) * size_t(c.block_table_stride) + size_t(pg)];
+        if (v < 0 || v >= kv.num_pages)
+          return set_error(kInvalid, "kv_cache.block_table[%d][%d]: page %d is outside [0, %d) (k.shape[0])", b, pg, v,
+                           kv.num_pages);
+      }
+    }
+    if (kv.rotary()) {
+      const int last = seqlens[b] + std::max(kv.seqlen_new, kv.rotary_per_row ? sh.seqlen_q : 1);
+      if (last > kv.rotary_seqlen)
+        return set_error(kInvalid, "kv_cache.rotary_seqlen: %d rows, but sequence %d needs positions up to %d",
+                         kv.rotary_seqlen, b, last - 1);
+    }
+  }
+  return FLASHATTN_SUCCESS;
+}
+
 }  // namespace
 
 flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream, FwdParams* out, CallContext* ctx) {
@@ -402,7 +618,10 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
   if (s != FLASHATTN_SUCCESS) return s;
   const flashattn_fwd_params* p = &full;
   *out = FwdParams{};
-  s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx);
+  const flashattn_kv_cache& kvc = p->kv_cache;
+  const bool kv_cache = kvc.block_table || kvc.batch_idx;  // k's first dimension is the cache's own
+  s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx,
+                       kv_cache, kvc.block_table != nullptr);
   if (s != FLASHATTN_SUCCESS) return s;
   const int64_t qexpect[4] = {p->q.shape[0], p->q.shape[1], p->q.shape[2], p->q.shape[3]};
   if ((s = check_tensor("out", p->out, qexpect, p->dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
@@ -425,6 +644,9 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
   out->o_stride = row_strides(p->out, varlen);
   out->cu_seqlens_q = p->varlen.cu_seqlens_q;
   out->cu_seqlens_k = p->varlen.cu_seqlens_k;
+  if ((s = check_kv_cache(*p, stream, *ctx, out)) != FLASHATTN_SUCCESS) return s;
+  // Appended rows are keys even in an empty cache.
+  if (out->kv.appends()) ctx->no_keys = false;
   return FLASHATTN_SUCCESS;
 }
 

@@ -8,6 +8,7 @@
 #include "common/alibi.h"
 #include "common/dropout.h"
 #include "common/hd.h"
+#include "common/kv_cache.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -56,6 +57,8 @@ struct FwdParams {
   double* lse_fp64 = nullptr;  // fp64 LSE output (FP64 dtype, reference backend only); lse is then null
   Dropout dropout;             // off unless dropout_p > 0
   Alibi alibi;                 // off unless slopes are given
+  KvCache kv;                  // off: plain k/v (see seq_bounds and key_offset below)
+  int num_splits = 0;          // split-KV request (CUDA paths): 0 = heuristic, 1 = none
 };
 
 struct BwdParams {
@@ -89,6 +92,8 @@ struct SeqBounds {
   int seqlen_k;
   int64_t lse_offset;  // element offset of LSE[b, h=0, i=0]
   int64_t lse_head_stride;
+  int k_row0 = 0;      // KV cache: the sequence's first key row in its cache (leftpad)
+  int kv_batch = 0;    // KV cache: the cache batch holding it (contiguous k/v)
 };
 
 FA_HD int clamp_index(int v, int hi) { return v < 0 ? 0 : (v > hi ? hi : v); }
@@ -117,7 +122,37 @@ FA_HD SeqBounds seq_bounds(const Shape& s, const int32_t* cu_q, const int32_t* c
     r.lse_offset = int64_t(b) * s.nheads_q * s.seqlen_q;
     r.lse_head_stride = s.seqlen_q;
   }
+  r.kv_batch = b;
   return r;
+}
+
+// The same with the forward's KV cache policy: the keys are rows [k_row0, k_row0 + seqlen_k) of
+// the sequence's cache (after appending), in cache batch kv_batch (contiguous) or in pages.
+FA_HD SeqBounds seq_bounds(const Shape& s, const int32_t* cu_q, const int32_t* cu_k, const KvCache& kv, int b) {
+  SeqBounds r = seq_bounds(s, cu_q, cu_k, b);
+  if (!kv.enabled()) return r;
+  int len = r.seqlen_k;  // fixed: the cache's seqlen (paged: its capacity); varlen: cu_seqlens_k's length
+  if (kv.paged()) {
+    r.k_offset = 0;  // paged varlen: cu_seqlens_k gives lengths only, the block table the rows
+    if (cu_k != nullptr) len = clamp_length(cu_k[b + 1] - cu_k[b], s.seqlen_k, kv.room(0));
+  }
+  const int end = kv.end_row(b, len);
+  r.k_row0 = kv.first_row(b, end);
+  r.seqlen_k = end - r.k_row0;
+  r.kv_batch = kv.cache_batch(b);
+  return r;
+}
+
+// Element offset of row r of sequence b's cache (counted from the cache's first row, leftpad
+// included), head kvh.
+FA_HD int64_t cache_offset(const RowStrides& st, const KvCache& kv, int b, const SeqBounds& sb, int r, int kvh) {
+  if (kv.paged())
+    return int64_t(kv.page(b, r)) * st.batch + int64_t(r % kv.page_size) * st.row + int64_t(kvh) * st.head;
+  return int64_t(sb.kv_batch) * st.batch + (sb.k_offset + r) * st.row + int64_t(kvh) * st.head;
+}
+// ... of key/value row j of sequence b's keys (from seq_bounds above).
+FA_HD int64_t key_offset(const RowStrides& st, const KvCache& kv, int b, const SeqBounds& sb, int j, int kvh) {
+  return cache_offset(st, kv, b, sb, sb.k_row0 + j, kvh);
 }
 
 // Element offset of row `row` (within sequence b), head h of a tensor.

@@ -356,10 +356,54 @@ struct FwdScratch {
         keep(size_t(kBlockM) * kBlockN, 0) {}
 };
 
+// The rotary embedding (flashattn.h) of `rows` fp32 rows x[r * ld + c], row r at position pos(r).
+template <typename Pos>
+void rotate_rows(const KvCache& kv, flashattn_dtype dtype, int rows, Pos pos, float* x, int ld) {
+  const int half = kv.rotary_dim / 2;
+  for (int r = 0; r < rows; ++r) {
+    float* row = x + size_t(r) * ld;
+    const int64_t base = int64_t(pos(r)) * half;
+    for (int c = 0; c < half; ++c) {
+      const float cs = load_float(kv.rotary_cos, dtype, base + c), sn = load_float(kv.rotary_sin, dtype, base + c);
+      const int c0 = kv.rotary_interleaved ? 2 * c : c, c1 = kv.rotary_interleaved ? 2 * c + 1 : c + half;
+      const float x0 = row[c0], x1 = row[c1];
+      row[c0] = x0 * cs - x1 * sn;
+      row[c1] = x0 * sn + x1 * cs;
+    }
+  }
+}
+
+// Appending (flash_attn_with_kvcache): sequence b's new rows go to cache rows [seqlens[b], + seqlen_new),
+// the keys rotated at those positions. All sequences before any attention: caches may be shared.
+void append_rows(const FwdParams& p) {
+  const KvCache& kv = p.kv;
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  std::vector<float> row(static_cast<size_t>(d));
+  for (int b = 0; b < sh.batch; ++b) {
+    const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, kv, b);
+    const int r0 = kv.end_row(b, sh.seqlen_k) - kv.seqlen_new;
+    for (int h = 0; h < sh.nheads_kv; ++h)
+      for (int j = 0; j < kv.seqlen_new; ++j) {
+        const int64_t kn = int64_t(b) * kv.k_new_batch + int64_t(j) * kv.k_new_row + int64_t(h) * kv.k_new_head;
+        const int64_t vn = int64_t(b) * kv.v_new_batch + int64_t(j) * kv.v_new_row + int64_t(h) * kv.v_new_head;
+        load_rows(kv.k_new, p.dtype, 1, d, [&](int) { return kn; }, row.data(), d);
+        if (kv.rotary())
+          rotate_rows(kv, p.dtype, 1, [&](int) { return KvCache::clamp(r0 + j, 0, kv.rotary_seqlen - 1); },
+                      row.data(), d);
+        store_rows(const_cast<void*>(p.k), p.dtype, 1, d,
+                   [&](int) { return cache_offset(p.k_stride, kv, b, sb, r0 + j, h); }, row.data(), d, nullptr, 1.f);
+        load_rows(kv.v_new, p.dtype, 1, d, [&](int) { return vn; }, row.data(), d);
+        store_rows(const_cast<void*>(p.v), p.dtype, 1, d,
+                   [&](int) { return cache_offset(p.v_stride, kv, b, sb, r0 + j, h); }, row.data(), d, nullptr, 1.f);
+      }
+  }
+}
+
 FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, int mb, FwdScratch& w) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
-  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
   const Mask mask = make_mask(p.mask, sb);
   const ScoreTransform tr = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
   const int row0 = mb * kBlockM;
@@ -371,6 +415,8 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, i
 
   load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
             w.q.data(), dp);
+  if (p.kv.rotary())  // q rotated in fp32, not rounded to the input dtype
+    rotate_rows(p.kv, p.dtype, bm, [&](int r) { return p.kv.q_position(b, row0 + r); }, w.q.data(), dp);
   std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
   std::fill(w.acc.begin(), w.acc.begin() + size_t(bm4) * dp, 0.f);
   for (int r = 0; r < bm; ++r) w.rows[r].init();
@@ -383,8 +429,8 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, i
     const int col0 = nb * kBlockN;
     const int bn = sb.seqlen_k - col0 < kBlockN ? sb.seqlen_k - col0 : kBlockN;
     const int bn16 = round_up(bn, kNR);
-    auto k_off = [&](int r) { return row_offset(p.k_stride, b, sb.k_offset, col0 + r, kvh); };
-    auto v_off = [&](int r) { return row_offset(p.v_stride, b, sb.k_offset, col0 + r, kvh); };
+    auto k_off = [&](int r) { return key_offset(p.k_stride, p.kv, b, sb, col0 + r, kvh); };
+    auto v_off = [&](int r) { return key_offset(p.v_stride, p.kv, b, sb, col0 + r, kvh); };
     load_rows_t(p.k, p.dtype, bn, d, k_off, w.kt.data(), kBlockN, w.row.data());
     for (int c = 0; c < d; ++c)
       for (int j = bn; j < bn16; ++j) w.kt[size_t(c) * kBlockN + j] = 0.f;
@@ -767,6 +813,7 @@ flashattn_status fwd(const FwdParams& p) {
   const auto items = blocks(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const int64_t n = int64_t(items.size());
   const Rng rng = p.dropout.resolved();
+  if (p.kv.appends()) append_rows(p);
   // Heads outermost: neighbouring items share K/V in cache.
   std::string err = parallel_for(
       n * p.shape.nheads_q, [&] { return FwdScratch(p.shape.headdim); },

@@ -99,14 +99,16 @@ Acc with_bias(const Mode& md, const RowMods& mods, Acc s, int j) {
   return md.exact ? s + Acc(mods.bias(j)) : md.r(s + Acc(mods.bias(j)));
 }
 
-// One sequence's K and V (one kv head) gathered into contiguous fp64 [seqlen_k, d] arrays.
+// One sequence's K and V (one kv head) gathered into contiguous fp64 [seqlen_k, d] arrays, through
+// the KV cache's addressing (plain k/v when it is off).
 void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStrides& ks, const RowStrides& vs,
-               int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K, std::vector<double>* V) {
+               const KvCache& kv, int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K,
+               std::vector<double>* V) {
   K->resize(size_t(sb.seqlen_k) * d);
   V->resize(size_t(sb.seqlen_k) * d);
   for (int j = 0; j < sb.seqlen_k; ++j) {
-    int64_t ko = row_offset(ks, b, sb.k_offset, j, kvh);
-    int64_t vo = row_offset(vs, b, sb.k_offset, j, kvh);
+    int64_t ko = key_offset(ks, kv, b, sb, j, kvh);
+    int64_t vo = key_offset(vs, kv, b, sb, j, kvh);
     for (int c = 0; c < d; ++c) {
       (*K)[size_t(j) * d + c] = load_double(k, dtype, ko + c);
       (*V)[size_t(j) * d + c] = load_double(v, dtype, vo + c);
@@ -116,6 +118,52 @@ void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStr
 
 void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out) {
   for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
+}
+
+// The rotary embedding of one row at position `pos` (flashattn.h's formula), in fp64; each result
+// rounded to the precision under kInputPrecision, as an unfused rotation would store it.
+void rotate_row(const Mode& md, const KvCache& kv, flashattn_dtype dtype, int pos, double* x) {
+  const int half = kv.rotary_dim / 2;
+  for (int c = 0; c < half; ++c) {
+    const double cs = load_double(kv.rotary_cos, dtype, int64_t(pos) * half + c);
+    const double sn = load_double(kv.rotary_sin, dtype, int64_t(pos) * half + c);
+    const int c0 = kv.rotary_interleaved ? 2 * c : c;
+    const int c1 = kv.rotary_interleaved ? 2 * c + 1 : c + half;
+    const double x0 = x[c0], x1 = x[c1];
+    x[c0] = md.r(x0 * cs - x1 * sn);
+    x[c1] = md.r(x0 * sn + x1 * cs);
+  }
+}
+
+// Query row i of (sequence b, head h), rotated when the call has a rotary embedding.
+void load_q_row(const Mode& md, const FwdParams& p, const SeqBounds& sb, int b, int h, int i, double* q) {
+  load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), p.shape.headdim, q);
+  if (p.kv.rotary()) rotate_row(md, p.kv, p.dtype, p.kv.q_position(b, i), q);
+}
+
+// Appending (flash_attn_with_kvcache): new row j of sequence b goes to cache row seqlens[b] + j,
+// rotated at that position. The cache holds p.dtype, so each stored value is rounded once.
+void append_rows(const Mode& md, const FwdParams& p) {
+  const KvCache& kv = p.kv;
+  const Shape& sh = p.shape;
+  const int d = sh.headdim;
+  std::vector<double> row(static_cast<size_t>(d));
+  for (int b = 0; b < sh.batch; ++b) {
+    const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, kv, b);
+    const int r0 = kv.end_row(b, sh.seqlen_k) - kv.seqlen_new;
+    for (int h = 0; h < sh.nheads_kv; ++h)
+      for (int j = 0; j < kv.seqlen_new; ++j) {
+        const int64_t kn = int64_t(b) * kv.k_new_batch + int64_t(j) * kv.k_new_row + int64_t(h) * kv.k_new_head;
+        const int64_t vn = int64_t(b) * kv.v_new_batch + int64_t(j) * kv.v_new_row + int64_t(h) * kv.v_new_head;
+        load_row(kv.k_new, p.dtype, kn, d, row.data());
+        if (kv.rotary()) rotate_row(md, kv, p.dtype, KvCache::clamp(r0 + j, 0, kv.rotary_seqlen - 1), row.data());
+        const int64_t ko = cache_offset(p.k_stride, kv, b, sb, r0 + j, h);
+        for (int c = 0; c < d; ++c) store_double(const_cast<void*>(p.k), p.dtype, ko + c, row[c]);
+        load_row(kv.v_new, p.dtype, vn, d, row.data());
+        const int64_t vo = cache_offset(p.v_stride, kv, b, sb, r0 + j, h);
+        for (int c = 0; c < d; ++c) store_double(const_cast<void*>(p.v), p.dtype, vo + c, row[c]);
+      }
+  }
 }
 
 // Forward of one query row over keys [kb, ke) of K/V: writes o[0, d), returns the LSE.
@@ -160,19 +208,20 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
     std::vector<Acc> s;
   };
   const Rng rng = p.dropout.resolved();
+  if (p.kv.appends()) append_rows(md, p);  // every sequence's rows first: caches may be shared
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_q, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
         const int b = int(item / sh.nheads_q), h = int(item % sh.nheads_q);
-        const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+        const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
         const Mask mask = make_mask(p.mask, sb);
-        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &w.K, &w.V);
+        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, sh.kv_head(h), d, &w.K, &w.V);
         w.q.resize(size_t(d));
         w.o.resize(size_t(d));
         w.s.resize(size_t(sb.seqlen_k) + 1);
         RowMods mods = row_mods(p, rng, sb, b, h);
         for (int i = 0; i < sb.seqlen_q; ++i) {
-          load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, w.q.data());
+          load_q_row(md, p, sb, b, h, i, w.q.data());
           mods.i = i;
           double lse = fwd_row_core<Acc>(md, p.mask, mods, mask.key_begin(i), mask.key_end(i), d, w.q.data(),
                                          w.K.data(), w.V.data(), w.o.data(), w.s);
@@ -207,7 +256,7 @@ flashattn_status bwd_impl(const BwdParams& p, const Mode& md) {
         const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
         const Mask mask = make_mask(mo, sb);
         const int sk = sb.seqlen_k;
-        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, kvh, d, &w.K, &w.V);
+        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, KvCache{}, b, sb, kvh, d, &w.K, &w.V);
         w.q.resize(size_t(d));
         w.dout.resize(size_t(d));
         w.sc.resize(size_t(sk) + 1);
@@ -383,11 +432,11 @@ double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision,
   const Shape& sh = p.shape;
   const int d = sh.headdim;
   const Mode md = make_mode(rounding, precision);
-  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
   const Mask mask = make_mask(p.mask, sb);
   std::vector<double> K, V, q(static_cast<size_t>(d));
-  gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, b, sb, sh.kv_head(h), d, &K, &V);
-  load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), d, q.data());
+  gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, sh.kv_head(h), d, &K, &V);
+  load_q_row(md, p, sb, b, h, i, q.data());
   RowMods mods = row_mods(p, p.dropout.resolved(), sb, b, h);
   mods.i = i;
   if (accumulate_in_float(md)) {

@@ -1,6 +1,7 @@
 // The CPU oracle: attention forward and backward straight from the definition (see the top
 // comment of include/flashattn/flashattn.h), one query row at a time, fp64 accumulation, for
-// every option (scale, softcap, window/causal, ALiBi, dropout, GQA, varlen, LSE) and every host
+// every option (scale, softcap, window/causal, ALiBi, dropout, GQA, varlen, LSE, the forward's KV
+// cache: paged/contiguous addressing, appending and the rotary embedding) and every host
 // dtype. It shares only the mask policy (src/common/mask.h), seq_bounds() and the dropout keep
 // decision (Dropout::keep, common/dropout.h: the numbers must be the same on every path) with the
 // other paths; the math (natural-log softmax, tanh softcap and its derivative, the ALiBi bias,
@@ -54,7 +55,8 @@ flashattn_status bwd(const BwdParams& p, Rounding rounding, flashattn_dtype prec
 
 // One output row in fp64, for sampled checks of long sequences: writes o[0, headdim) of row
 // `i` (within sequence `b`) of query head `h` and returns its LSE (natural log, -inf for a
-// row that sees no key). O(seqlen_k * headdim).
+// row that sees no key). O(seqlen_k * headdim). With a KV cache it reads the cache as it is
+// (it appends nothing: check a call that appended against the cache that call left).
 double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision, int b, int h, int i,
                double* o);
 

@@ -136,7 +136,15 @@ flashattn_status bwd_typed(const BwdParams& p, void* ws, cudaStream_t stream) {
   return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", unsupported(p.dtype, p.shape.headdim));
 }
 
-const char* fwd_unsupported(const FwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
+const char* fwd_unsupported(const FwdParams& p) {
+  if (p.kv.enabled()) {
+    static thread_local char msg[128];
+    std::snprintf(msg, sizeof(msg), "%s: the KV cache is not implemented on sm80 yet (host paths: cpu, reference)",
+                  p.kv.field_in_use());
+    return msg;
+  }
+  return unsupported(p.dtype, p.shape.headdim);
+}
 const char* bwd_unsupported(const BwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
 size_t fwd_workspace(const FwdParams&) { return 0; }
 size_t bwd_workspace(const BwdParams& p) {

@@ -122,6 +122,11 @@ LaunchFn find_launch(int headdim, flashattn_dtype dt) {
 
 const char* fwd_unsupported(const FwdParams& p) {
   static thread_local char msg[160];
+  if (p.kv.enabled()) {
+    std::snprintf(msg, sizeof(msg), "%s: the KV cache is not implemented on sm90 yet (host paths: cpu, reference)",
+                  p.kv.field_in_use());
+    return msg;
+  }
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
     return "dtype: only fp16 and bf16 are supported by sm90";
   if (find_launch(p.shape.headdim, p.dtype) == nullptr) {
