@@ -147,7 +147,8 @@ typedef struct flashattn_varlen {
  * alias q or out), then attends over rows [leftpad[b], seqlens[b] + seqlen_new).
  * Rotary embedding (rotary_cos set; needs k_new): cos/sin are [rotary_seqlen, rotary_dim / 2]
  * contiguous in q's dtype, applied to the first rotary_dim columns of q and k_new (the stored
- * keys are the rotated ones; q itself is not written). New key j of sequence b sits at position
+ * keys are the rotated ones; q itself is not written). Rotated values are rounded to the dtype,
+ * as the cache stores them and kernels multiply them. New key j of sequence b sits at position
  * seqlens[b] + j; query row i at seqlens[b] + i when causal or windowed, otherwise every query
  * row at seqlens[b] (flash_attn's convention). Interleaved rotates column pairs (2c, 2c + 1)
  * (GPT-J); otherwise (c, c + rotary_dim / 2) (GPT-NeoX):

@@ -458,10 +458,6 @@ flashattn_status check_kv_cache(const flashattn_fwd_params& p, void* stream, con
   flashattn_status s;
   if (p.num_splits < 0) return set_error(kInvalid, "num_splits: %d (0 = heuristic, 1 = no split, n > 1)", p.num_splits);
   out->num_splits = p.num_splits;
-  if (!paged && (c.block_table_stride != 0 || c.max_pages != 0))
-    return set_error(kInvalid, "kv_cache.%s: %lld, but kv_cache.block_table is NULL",
-                     c.max_pages != 0 ? "max_pages" : "block_table_stride",
-                     c.max_pages != 0 ? (long long)c.max_pages : (long long)c.block_table_stride);
   if (!appends && (c.rotary_cos != nullptr || c.rotary_sin != nullptr))
     return set_error(kInvalid, "kv_cache.rotary_cos: the rotary embedding is applied with rows to append "
                                "(kv_cache.k_new); without them, rotate q and k before the call");
@@ -571,7 +567,7 @@ flashattn_status check_kv_cache(const flashattn_fwd_params& p, void* stream, con
   if (unread) return FLASHATTN_SUCCESS;  // device arrays, unchecked: the paths clamp (KvCache)
   const int cache_rows = int(std::min<int64_t>(p.k.shape[1], INT32_MAX));
   for (int b = 0; b < sh.batch; ++b) {
-    const int len = varlen ? cu_k[b + 1] - cu_k[b] : cache_rows;
+    const int len = varlen ? cu_k[b + 1] - cu_k[b] : paged ? kv.room(0) : cache_rows;
     const int room = kv.room(len);
     if (varlen && paged && len > room)
       return set_error(kInvalid, "varlen.cu_seqlens_k: sequence %d has %d keys, more than its %d pages of %d rows "
@@ -619,6 +615,11 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
   const flashattn_fwd_params* p = &full;
   *out = FwdParams{};
   const flashattn_kv_cache& kvc = p->kv_cache;
+  // Before the tensors' shapes: without a block table, k's shape is checked as a contiguous cache.
+  if (kvc.block_table == nullptr && (kvc.block_table_stride != 0 || kvc.max_pages != 0))
+    return set_error(kInvalid, "kv_cache.%s: %lld, but kv_cache.block_table is NULL",
+                     kvc.max_pages != 0 ? "max_pages" : "block_table_stride",
+                     kvc.max_pages != 0 ? (long long)kvc.max_pages : (long long)kvc.block_table_stride);
   const bool kv_cache = kvc.block_table || kvc.batch_idx;  // k's first dimension is the cache's own
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx,
                        kv_cache, kvc.block_table != nullptr);

@@ -12,6 +12,7 @@
 #include "common/dropout.h"
 #include "common/error.h"
 #include "common/half_convert.h"
+#include "common/kv_append.h"
 #include "common/mask.h"
 #include "common/softmax.h"
 #include "common/parallel.h"
@@ -356,6 +357,13 @@ struct FwdScratch {
         keep(size_t(kBlockM) * kBlockN, 0) {}
 };
 
+// `v` rounded to a 16-bit dtype (the rotated q and keys are held in the input dtype, as flashattn.h says).
+float round_to_float_dtype(flashattn_dtype dtype, float v) {
+  if (dtype == FLASHATTN_DTYPE_FP16) return half_to_float(float_to_half(v));
+  if (dtype == FLASHATTN_DTYPE_BF16) return bf16_to_float(float_to_bf16(v));
+  return v;
+}
+
 // The rotary embedding (flashattn.h) of `rows` fp32 rows x[r * ld + c], row r at position pos(r).
 template <typename Pos>
 void rotate_rows(const KvCache& kv, flashattn_dtype dtype, int rows, Pos pos, float* x, int ld) {
@@ -367,36 +375,9 @@ void rotate_rows(const KvCache& kv, flashattn_dtype dtype, int rows, Pos pos, fl
       const float cs = load_float(kv.rotary_cos, dtype, base + c), sn = load_float(kv.rotary_sin, dtype, base + c);
       const int c0 = kv.rotary_interleaved ? 2 * c : c, c1 = kv.rotary_interleaved ? 2 * c + 1 : c + half;
       const float x0 = row[c0], x1 = row[c1];
-      row[c0] = x0 * cs - x1 * sn;
-      row[c1] = x0 * sn + x1 * cs;
+      row[c0] = round_to_float_dtype(dtype, x0 * cs - x1 * sn);
+      row[c1] = round_to_float_dtype(dtype, x0 * sn + x1 * cs);
     }
-  }
-}
-
-// Appending (flash_attn_with_kvcache): sequence b's new rows go to cache rows [seqlens[b], + seqlen_new),
-// the keys rotated at those positions. All sequences before any attention: caches may be shared.
-void append_rows(const FwdParams& p) {
-  const KvCache& kv = p.kv;
-  const Shape& sh = p.shape;
-  const int d = sh.headdim;
-  std::vector<float> row(static_cast<size_t>(d));
-  for (int b = 0; b < sh.batch; ++b) {
-    const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, kv, b);
-    const int r0 = kv.end_row(b, sh.seqlen_k) - kv.seqlen_new;
-    for (int h = 0; h < sh.nheads_kv; ++h)
-      for (int j = 0; j < kv.seqlen_new; ++j) {
-        const int64_t kn = int64_t(b) * kv.k_new_batch + int64_t(j) * kv.k_new_row + int64_t(h) * kv.k_new_head;
-        const int64_t vn = int64_t(b) * kv.v_new_batch + int64_t(j) * kv.v_new_row + int64_t(h) * kv.v_new_head;
-        load_rows(kv.k_new, p.dtype, 1, d, [&](int) { return kn; }, row.data(), d);
-        if (kv.rotary())
-          rotate_rows(kv, p.dtype, 1, [&](int) { return KvCache::clamp(r0 + j, 0, kv.rotary_seqlen - 1); },
-                      row.data(), d);
-        store_rows(const_cast<void*>(p.k), p.dtype, 1, d,
-                   [&](int) { return cache_offset(p.k_stride, kv, b, sb, r0 + j, h); }, row.data(), d, nullptr, 1.f);
-        load_rows(kv.v_new, p.dtype, 1, d, [&](int) { return vn; }, row.data(), d);
-        store_rows(const_cast<void*>(p.v), p.dtype, 1, d,
-                   [&](int) { return cache_offset(p.v_stride, kv, b, sb, r0 + j, h); }, row.data(), d, nullptr, 1.f);
-      }
   }
 }
 
@@ -415,7 +396,7 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, i
 
   load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
             w.q.data(), dp);
-  if (p.kv.rotary())  // q rotated in fp32, not rounded to the input dtype
+  if (p.kv.rotary())
     rotate_rows(p.kv, p.dtype, bm, [&](int r) { return p.kv.q_position(b, row0 + r); }, w.q.data(), dp);
   std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
   std::fill(w.acc.begin(), w.acc.begin() + size_t(bm4) * dp, 0.f);
@@ -813,7 +794,7 @@ flashattn_status fwd(const FwdParams& p) {
   const auto items = blocks(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, false, kBlockM);
   const int64_t n = int64_t(items.size());
   const Rng rng = p.dropout.resolved();
-  if (p.kv.appends()) append_rows(p);
+  if (p.kv.appends()) append_kv_rows(p, p.dtype);
   // Heads outermost: neighbouring items share K/V in cache.
   std::string err = parallel_for(
       n * p.shape.nheads_q, [&] { return FwdScratch(p.shape.headdim); },

@@ -8,6 +8,7 @@
 #include "common/dropout.h"
 #include "common/error.h"
 #include "common/half_convert.h"
+#include "common/kv_append.h"
 #include "common/mask.h"
 #include "common/parallel.h"
 
@@ -120,50 +121,11 @@ void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, doubl
   for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
 }
 
-// The rotary embedding of one row at position `pos` (flashattn.h's formula), in fp64; each result
-// rounded to the precision under kInputPrecision, as an unfused rotation would store it.
-void rotate_row(const Mode& md, const KvCache& kv, flashattn_dtype dtype, int pos, double* x) {
-  const int half = kv.rotary_dim / 2;
-  for (int c = 0; c < half; ++c) {
-    const double cs = load_double(kv.rotary_cos, dtype, int64_t(pos) * half + c);
-    const double sn = load_double(kv.rotary_sin, dtype, int64_t(pos) * half + c);
-    const int c0 = kv.rotary_interleaved ? 2 * c : c;
-    const int c1 = kv.rotary_interleaved ? 2 * c + 1 : c + half;
-    const double x0 = x[c0], x1 = x[c1];
-    x[c0] = md.r(x0 * cs - x1 * sn);
-    x[c1] = md.r(x0 * sn + x1 * cs);
-  }
-}
-
 // Query row i of (sequence b, head h), rotated when the call has a rotary embedding.
 void load_q_row(const Mode& md, const FwdParams& p, const SeqBounds& sb, int b, int h, int i, double* q) {
   load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), p.shape.headdim, q);
-  if (p.kv.rotary()) rotate_row(md, p.kv, p.dtype, p.kv.q_position(b, i), q);
-}
-
-// Appending (flash_attn_with_kvcache): new row j of sequence b goes to cache row seqlens[b] + j,
-// rotated at that position. The cache holds p.dtype, so each stored value is rounded once.
-void append_rows(const Mode& md, const FwdParams& p) {
-  const KvCache& kv = p.kv;
-  const Shape& sh = p.shape;
-  const int d = sh.headdim;
-  std::vector<double> row(static_cast<size_t>(d));
-  for (int b = 0; b < sh.batch; ++b) {
-    const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, kv, b);
-    const int r0 = kv.end_row(b, sh.seqlen_k) - kv.seqlen_new;
-    for (int h = 0; h < sh.nheads_kv; ++h)
-      for (int j = 0; j < kv.seqlen_new; ++j) {
-        const int64_t kn = int64_t(b) * kv.k_new_batch + int64_t(j) * kv.k_new_row + int64_t(h) * kv.k_new_head;
-        const int64_t vn = int64_t(b) * kv.v_new_batch + int64_t(j) * kv.v_new_row + int64_t(h) * kv.v_new_head;
-        load_row(kv.k_new, p.dtype, kn, d, row.data());
-        if (kv.rotary()) rotate_row(md, kv, p.dtype, KvCache::clamp(r0 + j, 0, kv.rotary_seqlen - 1), row.data());
-        const int64_t ko = cache_offset(p.k_stride, kv, b, sb, r0 + j, h);
-        for (int c = 0; c < d; ++c) store_double(const_cast<void*>(p.k), p.dtype, ko + c, row[c]);
-        load_row(kv.v_new, p.dtype, vn, d, row.data());
-        const int64_t vo = cache_offset(p.v_stride, kv, b, sb, r0 + j, h);
-        for (int c = 0; c < d; ++c) store_double(const_cast<void*>(p.v), p.dtype, vo + c, row[c]);
-      }
-  }
+  // Rotated q is an input held in the problem's dtype (flashattn.h): rounded in every mode.
+  if (p.kv.rotary()) rotate_row_fp64(p.kv, p.dtype, md.prec, p.kv.q_position(b, i), q);
 }
 
 // Forward of one query row over keys [kb, ke) of K/V: writes o[0, d), returns the LSE.
@@ -208,7 +170,7 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
     std::vector<Acc> s;
   };
   const Rng rng = p.dropout.resolved();
-  if (p.kv.appends()) append_rows(md, p);  // every sequence's rows first: caches may be shared
+  if (p.kv.appends()) append_kv_rows(p, md.prec);
   std::string err = parallel_for(
       int64_t(sh.batch) * sh.nheads_q, [] { return Scratch(); },
       [&](int64_t item, Scratch& w) {
