@@ -4,7 +4,7 @@
 // with the usual rule (2x standard attention's error + atol); hand-made rows with -inf LSEs
 // (O = 0, LSE = -inf, partial outputs of empty splits never read), NaN-poisoned outputs, strided
 // stacked layouts, fp64 LSEs, thread-count determinism, validation errors by field name, and the
-// refusal of CUDA tensors (no GPU kernel yet).
+// CUDA path's refusals (its kernel's results are checked in tests/gpu).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -453,7 +453,7 @@ TEST(CombineApi, EmptyProblemsSucceedWithoutPointers) {
   EXPECT_EQ(flashattn_combine(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
 }
 
-TEST(CombineApi, CudaTensorsAreRefused) {
+TEST(CombineApi, CudaTensorsNeedTheDevice) {
   const bool cuda_build =
       (flashattn_compiled_backends() & ((1u << FLASHATTN_BACKEND_SM80) | (1u << FLASHATTN_BACKEND_SM90))) != 0;
   Valid v;
@@ -463,14 +463,14 @@ TEST(CombineApi, CudaTensorsAreRefused) {
     // Host pointers with options.device = 0 are named first.
     expect_error(&p, FLASHATTN_ERROR_INVALID_ARGUMENT, "out_partial");
   } else {
-    expect_error(&p, FLASHATTN_ERROR_NOT_SUPPORTED, "not implemented yet");
+    expect_error(&p, FLASHATTN_ERROR_NO_DEVICE, "no CUDA support");
   }
-  // Nothing to point at: the refusal itself.
+  // fp64 stays on the host: refused by name before any pointer is looked at.
   flashattn_combine_params e = flashattn_combine_params_init();
+  e.dtype = FLASHATTN_DTYPE_FP64;
   e.options.device = 0;
-  e.options.backend = FLASHATTN_BACKEND_SM80;
   e.out_partial_shape[0] = 1;
-  expect_error(&e, FLASHATTN_ERROR_NOT_SUPPORTED, "GPU combine kernel");
+  expect_error(&e, FLASHATTN_ERROR_NOT_SUPPORTED, "fp64 combines run on host tensors only");
 }
 
 }  // namespace

@@ -270,8 +270,9 @@ FLASHATTN_API flashattn_status flashattn_device_capability(int32_t device,
  * A row whose every LSE_s is -inf gets O = 0 and LSE = -inf (never NaN); a split whose LSE_s is
  * -inf contributes nothing (its O_s is not read, so it may hold anything). A NaN LSE_s, or an
  * LSE_s of +inf, makes its row NaN. Host tensors: fp16/bf16/fp32 accumulate in fp32, fp64 in fp64.
- * CUDA tensors (options.device >= 0): FLASHATTN_ERROR_NOT_SUPPORTED for now (the GPU combine
- * kernel comes with split-KV). Fixed-length layout only (no varlen). */
+ * CUDA tensors (options.device >= 0): fp16/bf16/fp32 with fp32 LSEs, one kernel on `stream`
+ * (the one the GPU paths' split-KV uses), fp32 accumulation; fp64 stays on the host. Fixed-length
+ * layout only (no varlen). */
 typedef struct flashattn_combine_params {
   uint32_t struct_size; /* sizeof(flashattn_combine_params) */
   flashattn_dtype dtype; /* of out_partial and out */

@@ -115,6 +115,10 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
     return set_error(kInvalid, "lse_fp64: set together with lse (set at most one)");
 
   const int device = o.device;
+  if (device >= 0 && (p.dtype == FLASHATTN_DTYPE_FP64 || p.lse_partial_fp64 != nullptr))
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                     "dtype: fp64 combines run on host tensors only (options.device = -1); CUDA tensors take "
+                     "fp16, bf16 or fp32 with fp32 LSEs");
   const size_t es = dtype_size(p.dtype);
   const bool rows = b * s * h > 0;
   const bool elems = rows && d > 0;
@@ -132,14 +136,11 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
   if (rows && p.lse && (st = check_pointer("lse", p.lse, 4, device)) != FLASHATTN_SUCCESS) return st;
   if (rows && p.lse_fp64 && (st = check_pointer("lse_fp64", p.lse_fp64, 8, device)) != FLASHATTN_SUCCESS) return st;
 
-  if (device >= 0)
-    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
-                     "options.device: %d: flashattn_combine on CUDA tensors is not implemented yet (the GPU combine "
-                     "kernel will be added with split-KV); combine host tensors (options.device = -1)", device);
 
   cpu::CombineParams& c = *out;
   c = cpu::CombineParams{};
   c.dtype = p.dtype;
+  c.partial_dtype = p.dtype;
   c.num_splits = p.num_splits;
   c.batch = b;
   c.seqlen_q = s;
@@ -154,6 +155,9 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
   std::memcpy(c.out_stride, p.out.stride, sizeof(c.out_stride));
   c.lse = p.lse;
   c.lse_fp64 = p.lse_fp64;
+  c.lse_stride[0] = h * s;
+  c.lse_stride[1] = s;
+  c.lse_stride[2] = 1;
   *device_out = device;
   *num_threads = o.num_threads;
   *nothing_to_do = !rows;
@@ -177,13 +181,24 @@ flashattn_combine_params flashattn_combine_params_init(void) {
 }
 
 flashattn_status flashattn_combine(const flashattn_combine_params* params, void* stream) {
-  (void)stream;  // host tensors only, for now
   clear_error();
   cpu::CombineParams c;
   int device = -1, num_threads = 0;
   bool nothing_to_do = false;
   flashattn_status s = normalize_combine(params, &c, &device, &num_threads, &nothing_to_do);
   if (s != FLASHATTN_SUCCESS || nothing_to_do) return s;
+  if (device >= 0) {
+#if defined(FLASHATTN_HAS_CUDA)
+    int previous = -1;
+    if ((s = cuda::get_device(&previous)) != FLASHATTN_SUCCESS) return s;
+    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
+    s = cuda::combine(c, stream);
+    if (previous != device) cuda::set_device(previous);
+    return s;
+#else
+    return set_error(FLASHATTN_ERROR_NO_DEVICE, "options.device: %d, but this build has no CUDA support", device);
+#endif
+  }
   ScopedHostThreads threads(num_threads);
   return cpu::combine(c);
 }

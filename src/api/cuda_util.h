@@ -30,3 +30,14 @@ flashattn_status fill_zero(void* data, size_t elem_size, int b, int s, int h, in
 flashattn_status fill_neg_inf(float* data, int64_t n, void* stream);
 
 }  // namespace flashattn::cuda
+
+namespace flashattn {
+struct CombineParams;
+}
+namespace flashattn::cuda {
+
+// The combine of partial results (common/combine_params.h) on device tensors, on `stream`
+// (src/api/combine_cuda.cu): flashattn_combine and the GPU paths' split-KV.
+flashattn_status combine(const CombineParams& p, void* stream);
+
+}  // namespace flashattn::cuda

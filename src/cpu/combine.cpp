@@ -83,11 +83,11 @@ void combine_row(const CombineParams& p, int64_t b, int64_t i, Scratch<Acc>& sc)
         const Acc ws = w[size_t(s)] * inv;
         const int64_t ib = s * p.o_partial_stride[0] + b * p.o_partial_stride[1] + i * p.o_partial_stride[2] +
                            h * p.o_partial_stride[3];
-        for (int64_t c = 0; c < p.headdim; ++c) acc[size_t(c)] += ws * load_acc<Acc>(p.o_partial, p.dtype, ib + c);
+        for (int64_t c = 0; c < p.headdim; ++c) acc[size_t(c)] += ws * load_acc<Acc>(p.o_partial, p.partial_dtype, ib + c);
       }
       for (int64_t c = 0; c < p.headdim; ++c) store_acc<Acc>(p.out, p.dtype, obase + c, acc[size_t(c)]);
     }
-    const int64_t lo = (b * p.nheads + h) * p.seqlen_q + i;
+    const int64_t lo = p.lse_index(b, h, i);
     if (p.lse) p.lse[lo] = float(lse_out);
     if (p.lse_fp64) p.lse_fp64[lo] = double(lse_out);
   }

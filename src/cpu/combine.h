@@ -6,24 +6,12 @@
 
 #include <cstdint>
 
+#include "common/combine_params.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cpu {
 
-struct CombineParams {
-  flashattn_dtype dtype = FLASHATTN_DTYPE_FP32;
-  int num_splits = 0;
-  int64_t batch = 0, seqlen_q = 0, nheads = 0, headdim = 0;
-  const void* o_partial = nullptr;  // [num_splits, batch, seqlen_q, nheads, headdim]
-  int64_t o_partial_stride[5] = {0, 0, 0, 0, 1};
-  const float* lse_partial = nullptr;        // [num_splits, batch, nheads, seqlen_q]; exactly one of
-  const double* lse_partial_fp64 = nullptr;  // these two is set
-  int64_t lse_partial_stride[4] = {0, 0, 0, 0};
-  void* out = nullptr;  // [batch, seqlen_q, nheads, headdim]
-  int64_t out_stride[4] = {0, 0, 0, 1};
-  float* lse = nullptr;        // optional, contiguous [batch, nheads, seqlen_q]
-  double* lse_fp64 = nullptr;  // optional (fp64 only), same layout
-};
+using flashattn::CombineParams;
 
 // Runs on host_num_threads() threads (options.num_threads through ScopedHostThreads).
 flashattn_status combine(const CombineParams& p);
