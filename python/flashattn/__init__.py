@@ -57,6 +57,7 @@ _TORCH_API = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 if _torch is not None:
@@ -70,6 +71,7 @@ if _torch is not None:
         flash_attn_varlen_func,
         flash_attn_varlen_kvpacked_func,
         flash_attn_varlen_qkvpacked_func,
+        flash_attn_with_kvcache,
     )
     from .combine import combine  # noqa: E402
 else:  # pragma: no cover

@@ -73,6 +73,26 @@ class Varlen(ctypes.Structure):
     ]
 
 
+class KvCache(ctypes.Structure):
+    """flashattn_kv_cache: KV cache / paged KV / rows appended in place / rotary (flash_attn_with_kvcache)."""
+
+    _fields_ = [
+        ("block_table", ctypes.c_void_p),  # const int32_t*: [batch, block_table_stride] page indices; NULL = contiguous
+        ("block_table_stride", ctypes.c_int64),  # elements between sequences' rows of block_table
+        ("max_pages", ctypes.c_int32),  # page entries per sequence (>= 1 with block_table)
+        ("seqlens", ctypes.c_void_p),  # const int32_t*: end row of each sequence (cache_seqlens)
+        ("leftpad", ctypes.c_void_p),  # const int32_t*: first row of each sequence (cache_leftpad)
+        ("batch_idx", ctypes.c_void_p),  # const int32_t*: cache batch of each sequence (cache_batch_idx)
+        ("k_new", Tensor),  # rows to append in place (data NULL = none)
+        ("v_new", Tensor),
+        ("rotary_cos", ctypes.c_void_p),  # [rotary_seqlen, rotary_dim / 2], q's dtype
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_seqlen", ctypes.c_int64),
+        ("rotary_dim", ctypes.c_int32),
+        ("rotary_interleaved", ctypes.c_int32),
+    ]
+
+
 class FwdParams(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -91,6 +111,9 @@ class FwdParams(ctypes.Structure):
         ("dropout_rng_state", ctypes.c_void_p),  # const uint64_t*: {seed, offset} read at run time (overrides)
         ("alibi_slopes", ctypes.c_void_p),  # const float*: [nheads_q] or [batch, nheads_q]
         ("alibi_batch_stride", ctypes.c_int64),  # 0 for [nheads_q], else elements between sequences
+        # Inference (appended after alibi_batch_stride).
+        ("kv_cache", KvCache),  # zero = plain contiguous k/v
+        ("num_splits", ctypes.c_int32),  # split-KV: 0 = heuristic, 1 = never split, n > 1 = at most n
     ]
 
 
@@ -263,11 +286,11 @@ def status_string(status):
     return (load().flashattn_status_string(status) or b"").decode(errors="replace")
 
 
-def raise_for_status(status, what):
-    """Turns a flashattn_status into the matching Python exception, with the C message."""
+def raise_for_status(status, what, suffix=""):
+    """Turns a flashattn_status into the matching Python exception, with the C message (and `suffix`)."""
     if status == SUCCESS:
         return
-    msg = f"flashattn {what}: {last_error() or status_string(status)}"
+    msg = f"flashattn {what}: {last_error() or status_string(status)}{suffix}"
     if status == ERROR_INVALID_ARGUMENT:
         raise ValueError(msg)
     if status == ERROR_NOT_SUPPORTED:

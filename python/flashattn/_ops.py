@@ -171,7 +171,7 @@ def _fill_varlen(vl, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 _WS_CACHE: dict = {}
 
 
-def _workspace(kind, params, key, device):
+def _workspace(kind, params, key, device, raise_for_status=None):
     """(tensor or None, pointer, bytes) of the scratch this device call needs, from torch's allocator."""
     if device.type != "cuda":
         return None, None, 0  # host paths allocate their own (plain heap memory)
@@ -195,7 +195,7 @@ def _workspace(kind, params, key, device):
                     del os.environ["FLASHATTN_TRUST_CU_SEQLENS"]
                 else:
                     os.environ["FLASHATTN_TRUST_CU_SEQLENS"] = old
-        _lib.raise_for_status(status, f"{kind} (workspace size)")
+        (raise_for_status or _lib.raise_for_status)(status, f"{kind} (workspace size)")
         nbytes = int(size.value)
         if len(_WS_CACHE) > 4096:
             _WS_CACHE.clear()
@@ -629,3 +629,331 @@ def attention(*inputs):
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3]):
         return _EagerAttention.apply(*inputs)
     return _fwd_impl(*inputs)
+
+
+# ---- KV cache / paged KV (flash_attn_with_kvcache; flash_attn_varlen_func with block_table) ----------------------
+# Two ops, so that mutation is declared exactly when it happens (a declared mutation makes torch.compile's
+# functionalization clone or copy back the whole cache):
+#   flashattn::fwd_kvcache         reads the cache (paged and/or through cache_seqlens, leftpad, batch_idx);
+#                                  also the forward of the varlen functions with block_table / seqused_k.
+#   flashattn::fwd_kvcache_append  first writes k/v (rotated when rotary_cos/sin are given) into k_cache/v_cache
+#                                  at rows [cache_seqlens[b], cache_seqlens[b] + seqlen_new), in place, then
+#                                  attends: mutates_args=("k_cache", "v_cache").
+# Both return (out, lse); lse is an empty tensor unless return_lse (the C call then gets NULL and writes none).
+# Neither has a backward: fwd_kvcache's autograd formula raises a clear error (paged KV is inference-only);
+# fwd_kvcache_append mutates, so torch cannot take an autograd formula for it, and flash_attn_with_kvcache
+# calls it without grad (its outputs never require grad, as flash_attn's).
+
+# flashattn_kv_cache {block_table, block_table_stride, max_pages, seqlens, leftpad, batch_idx, k_new, v_new,
+# rotary_cos, rotary_sin, rotary_seqlen, rotary_dim, rotary_interleaved}, written with one struct.pack_into.
+_KV_CACHE = struct.Struct("@PqiPPP" + "P8q" * 2 + "PPqii")
+assert _KV_CACHE.size == ctypes.sizeof(_lib.KvCache)
+_KV_CACHE_OFFSET = _lib.FwdParams.kv_cache.offset
+_NO_TENSOR = (0,) * 9
+
+# The C fields' names as flash_attn_with_kvcache / flash_attn_varlen_func call them, appended to the library's
+# messages (which name the C field) so an error names the argument the caller passed.
+_GLOSSARY_KVCACHE = (
+    (r"kv_cache\.seqlens", "kv_cache.seqlens is cache_seqlens"),
+    (r"kv_cache\.leftpad", "kv_cache.leftpad is cache_leftpad"),
+    (r"kv_cache\.batch_idx", "kv_cache.batch_idx is cache_batch_idx"),
+    (r"kv_cache\.block_table", "kv_cache.block_table is block_table"),
+    (r"kv_cache\.max_pages", "kv_cache.max_pages is block_table.shape[1]"),
+    (r"kv_cache\.k_new", "kv_cache.k_new is k"),
+    (r"kv_cache\.v_new", "kv_cache.v_new is v"),
+    (r"kv_cache\.rotary_(cos|sin|seqlen|dim)", "kv_cache.rotary_cos/sin are rotary_cos/sin, rotary_seqlen is "
+                                               "rotary_cos.shape[0], rotary_dim is 2 * rotary_cos.shape[1]"),
+    (r"(?<![\w.])k\.", "k is k_cache"),
+    (r"(?<![\w.])v\.", "v is v_cache"),
+)
+_GLOSSARY_PAGED = (
+    (r"kv_cache\.seqlens", "kv_cache.seqlens is seqused_k"),
+    (r"kv_cache\.block_table", "kv_cache.block_table is block_table"),
+    (r"kv_cache\.max_pages", "kv_cache.max_pages is block_table.shape[1]"),
+    (r"varlen\.cu_seqlens_k", "varlen.cu_seqlens_k is cu_seqlens_k"),
+)
+
+
+def _raise_kv(status, what, glossary):
+    """raise_for_status, with the caller's names of the C fields the message mentions."""
+    if status == _lib.SUCCESS:
+        return
+    import re
+
+    msg = _lib.last_error()
+    notes = [note for pattern, note in glossary if re.search(pattern, msg)]
+    if notes:
+        _lib.raise_for_status(status, what, suffix=f" (here {'; '.join(notes)})")
+    _lib.raise_for_status(status, what)
+
+
+def _tensor_fields(t: Optional[torch.Tensor]):
+    if t is None:
+        return _NO_TENSOR
+    b, s, h, d = t.shape
+    st = t.stride()
+    return (t.data_ptr() if t.numel() else 0, b, s, h, d, st[0], st[1], st[2], 1)
+
+
+def _ptr(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def _index(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """An int32 index array as the C ABI reads it: contiguous (a no-op for the usual contiguous tensor)."""
+    if t is None or t.is_contiguous():
+        return t
+    return t.contiguous()
+
+
+def _cache_usable(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The cache itself: never copied (appends write into it, and a copy of a large cache per call is no
+    option), so a layout the ABI cannot take is an error."""
+    if _usable(t) is not t:
+        need = "16-byte aligned data and strides (CUDA)" if t.device.type == "cuda" else "a contiguous last dim"
+        raise ValueError(f"flashattn: {name} needs {need} (got strides {tuple(t.stride())}); it is used in place, "
+                         "never copied")
+    return t
+
+
+def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend):
+    varlen = cu_seqlens_q is not None
+    paged = block_table is not None
+    device = q.device
+    if device.type == "cuda" and _head_pad(q):
+        # The other ops pad such head dims (a padded copy); the cache is used in place and cannot be padded.
+        raise NotImplementedError(
+            f"flashattn: headdim {q.shape[-1]} with a KV cache on CUDA: the CUDA paths need a head dim that is a "
+            f"multiple of {_DEVICE_ALIGN // q.element_size()} here (the cache is used in place and cannot be "
+            "padded); pad the head dim of q, the cache and k/v yourself (zero columns, and pass softmax_scale)")
+    qp = _usable(q)
+    k_cache = _cache_usable("k_cache", k_cache)
+    v_cache = _cache_usable("v_cache", v_cache)
+    kp = None if k is None else _usable(k)
+    vp = None if v is None else _usable(v)
+    cos = None if rotary_cos is None else rotary_cos.contiguous()
+    sin = None if rotary_sin is None else rotary_sin.contiguous()
+    cache_seqlens, cache_batch_idx, cache_leftpad = _index(cache_seqlens), _index(cache_batch_idx), _index(cache_leftpad)
+    if paged and block_table.dim() == 2 and block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    if alibi_slopes is not None:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
+
+    out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
+    lse_dtype = _lse_dtype(q.dtype, backend)
+    if return_lse:
+        lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
+    else:
+        lse = torch.empty(0, dtype=lse_dtype, device=device)
+
+    p = _new_params("fwd")
+    p.dtype = _dtype_id(q.dtype)
+    _put(p, "q", qp, varlen)
+    _put(p, "out", out, varlen)
+    kv_packed = varlen and not paged  # varlen without pages: k/v are packed [total_k, nheads_k, d]
+    _put(p, "k", k_cache, kv_packed)
+    _put(p, "v", v_cache, kv_packed)
+    if return_lse:
+        _set_lse(p, lse)
+    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, False, backend)
+    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _set_score_mods(p, 0.0, None, alibi_slopes)
+    _KV_CACHE.pack_into(
+        p, _KV_CACHE_OFFSET,
+        _ptr(block_table), block_table.stride(0) if paged else 0, block_table.shape[1] if paged else 0,
+        _ptr(cache_seqlens), _ptr(cache_leftpad), _ptr(cache_batch_idx),
+        *_tensor_fields(kp), *_tensor_fields(vp),
+        _ptr(cos), _ptr(sin), cos.shape[0] if cos is not None else 0, 2 * cos.shape[1] if cos is not None else 0,
+        int(bool(rotary_interleaved)) if cos is not None else 0)
+    p.num_splits = num_splits
+    key = None
+    if device.type == "cuda":
+        key = _key("fwd_kvcache", [t for t in (qp, k_cache, v_cache, kp, vp, cos, block_table) if t is not None],
+                   max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), kp is not None, cos is not None,
+                   cache_seqlens is not None, cache_leftpad is not None, cache_batch_idx is not None, softmax_scale,
+                   causal, window_left, window_right, softcap, bool(rotary_interleaved), num_splits, return_lse,
+                   backend, _mods_key(0.0, alibi_slopes))
+    glossary = _GLOSSARY_PAGED if varlen else _GLOSSARY_KVCACHE
+    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device, lambda st, what: _raise_kv(st, what, glossary))
+    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    del ws
+    _raise_kv(status, "fwd", glossary)
+    return out, lse
+
+
+def _fwd_kvcache_impl(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+    return_lse: bool,
+    backend: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a KV cache, read only: (out, lse). Fixed length: q [batch, seqlen_q, nheads, d], k_cache /
+    v_cache [batch_cache, seqlen_cache, nheads_k, d] or paged [num_pages, page_size, nheads_k, d] with block_table
+    int32 [batch, max_pages]. Varlen (cu_seqlens_q/k): q packed [total_q, nheads, d]; k/v paged, or packed
+    [total_k, nheads_k, d]; cache_seqlens (seqused_k) then bounds each sequence's keys."""
+    return _kvcache_core(q, k_cache, v_cache, None, None, None, None, cache_seqlens, cache_batch_idx, cache_leftpad,
+                         block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, window_left, window_right, softcap, False, num_splits, return_lse,
+                         backend)
+
+
+def _kvcache_fake_out(q, varlen, return_lse, backend):
+    out = q.new_empty(q.shape)
+    lse_dtype = _lse_dtype(q.dtype, backend)
+    lse = q.new_empty(_lse_shape(q, varlen) if return_lse else (0,), dtype=lse_dtype)
+    return out, lse
+
+
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                      cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                      window_right, softcap, num_splits, return_lse, backend):
+    return _kvcache_fake_out(q, cu_seqlens_q is not None, return_lse, backend)
+
+
+def _fwd_kvcache_append_impl(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    cache_seqlens: torch.Tensor,
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    rotary_interleaved: bool,
+    num_splits: int,
+    return_lse: bool,
+    backend: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Appends k/v [batch, seqlen_new, nheads_k, d] into k_cache/v_cache in place at rows cache_seqlens[b] + j
+    (rotated first when rotary_cos/sin are given; q is rotated for the attention, not written), then attends over
+    rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new): (out, lse)."""
+    return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
+                         window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend)
+
+
+def _fwd_kvcache_append_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
+                             window_right, softcap, rotary_interleaved, num_splits, return_lse, backend):
+    return _kvcache_fake_out(q, False, return_lse, backend)
+
+
+fwd_kvcache = torch.library.custom_op("flashattn::fwd_kvcache", _fwd_kvcache_impl, mutates_args=())
+fwd_kvcache.register_fake(_fwd_kvcache_fake)
+fwd_kvcache_append = torch.library.custom_op("flashattn::fwd_kvcache_append", _fwd_kvcache_append_impl,
+                                             mutates_args=("k_cache", "v_cache"))
+fwd_kvcache_append.register_fake(_fwd_kvcache_append_fake)
+
+_NO_BACKWARD = ("flashattn: no backward through a paged or bounded KV cache (block_table, seqused_k, "
+                "flash_attn_with_kvcache): paged KV is inference-only, as in flash_attn. Call it under "
+                "torch.no_grad(), or without block_table/seqused_k for training")
+
+
+def _no_backward_impl(dout: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor,
+                                                                                        torch.Tensor]:
+    raise RuntimeError(_NO_BACKWARD)
+
+
+def _no_backward_fake(dout, k, v):
+    return dout.new_empty(dout.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# fwd_kvcache's backward is this op, which raises when it runs: raising in the formula itself would fail
+# torch.compile's forward already (AOTAutograd traces the backward at compile time, with the fake kernel here).
+# It takes dout so that the partitioner cannot move it into the forward graph.
+no_backward = torch.library.custom_op("flashattn::kvcache_no_backward", _no_backward_impl, mutates_args=())
+no_backward.register_fake(_no_backward_fake)
+
+
+def _kvcache_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[1:3])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _kvcache_backward(ctx, dout, dlse):
+    k, v = ctx.saved_tensors
+    return torch.ops.flashattn.kvcache_no_backward(dout, k, v) + (None,) * 17
+
+
+fwd_kvcache.register_autograd(_kvcache_backward, setup_context=_kvcache_setup_context)
+
+
+class _EagerKvCache(torch.autograd.Function):
+    """Eager twin of flashattn::fwd_kvcache's autograd: the forward runs, a backward raises."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        out, lse = _fwd_kvcache_impl(*inputs)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        raise RuntimeError(_NO_BACKWARD)
+
+
+def kvcache_attention(*inputs):
+    """(out, lse) of flashattn::fwd_kvcache (arguments as it): the op while torch.compile traces, the direct
+    path in eager; with inputs that require grad, out does too and its backward raises."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashattn.fwd_kvcache(*inputs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3]):
+        return _EagerKvCache.apply(*inputs)
+    return _fwd_kvcache_impl(*inputs)
+
+
+def with_kvcache(append, *inputs):
+    """(out, lse) of flashattn::fwd_kvcache_append (append) or flashattn::fwd_kvcache (arguments as the op), without
+    autograd: the outputs never require grad, as flash_attn_with_kvcache's."""
+    if torch.compiler.is_compiling():
+        with torch.no_grad():
+            if append:
+                return torch.ops.flashattn.fwd_kvcache_append(*inputs)
+            return torch.ops.flashattn.fwd_kvcache(*inputs)
+    return (_fwd_kvcache_append_impl if append else _fwd_kvcache_impl)(*inputs)
+
+
+# cache_seqlens given as an int: an int32 [batch] tensor, cached per (value, batch, device, stream) so that a
+# decode loop does not allocate one per call (read-only: the library never writes it).
+_SEQLENS: dict = {}
+
+
+def seqlens_tensor(value: int, batch: int, device: torch.device) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.full((batch,), value, dtype=torch.int32, device=device)
+    key = (value, batch, device, _stream(device))
+    t = _SEQLENS.get(key)
+    if t is None:
+        t = torch.full((batch,), value, dtype=torch.int32, device=device)
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            if len(_SEQLENS) >= 1024:
+                _SEQLENS.clear()
+            _SEQLENS[key] = t
+    return t

@@ -2,8 +2,8 @@
 convention). Explicit, and never silently over a real flash_attn: if one is installed or imported,
 it refuses unless called with replace_installed=True.
 
-Provided after installing: `flash_attn` (the six flash_attn_*func functions, flash_attn_with_kvcache
-as a stub that raises NotImplementedError, __version__), `flash_attn.flash_attn_interface`,
+Provided after installing: `flash_attn` (the six flash_attn_*func functions, flash_attn_with_kvcache,
+__version__), `flash_attn.flash_attn_interface`,
 `flash_attn.bert_padding`, `flash_attn.layers.rotary` (apply_rotary_emb). Other flash_attn
 submodules (ops, modules, models, ...) are not provided: importing them raises ModuleNotFoundError.
 """
@@ -25,14 +25,6 @@ __all__ = ["FLASH_ATTN_COMPAT_VERSION", "install_as_flash_attn"]
 FLASH_ATTN_COMPAT_VERSION = "2.7.4"
 
 _MARK = "__flashattn_dropin__"
-
-
-def flash_attn_with_kvcache(*args: Any, **kwargs: Any) -> Any:
-    """Not implemented: kept importable so `from flash_attn import flash_attn_with_kvcache` works."""
-    raise NotImplementedError(
-        "flashattn: flash_attn_with_kvcache is not implemented (in-place KV-cache update, paged KV); "
-        "append to the cache yourself and call flash_attn_func / flash_attn_varlen_func "
-        "(causal attention is bottom-right aligned, as flash_attn_with_kvcache's)")
 
 
 def _module(name: str, doc: str, package: bool = False) -> types.ModuleType:
@@ -92,13 +84,12 @@ def install_as_flash_attn(replace_installed: bool = False) -> types.ModuleType:
 
     top.__flashattn_version__ = ours
     fai = _module("flash_attn.flash_attn_interface", interface.__doc__)
-    names = tuple(interface.__all__)  # the six flash_attn_*_func
+    names = tuple(interface.__all__)  # the six flash_attn_*_func and flash_attn_with_kvcache
     for name in names:
         fn = getattr(interface, name)
         setattr(top, name, fn)
         setattr(fai, name, fn)
-    top.flash_attn_with_kvcache = fai.flash_attn_with_kvcache = flash_attn_with_kvcache
-    fai.__all__ = list(names) + ["flash_attn_with_kvcache"]
+    fai.__all__ = list(names)
     top.__all__ = list(fai.__all__)
 
     # bert_padding and rotary are this package's own modules, aliased; the two flash_attn

@@ -3,8 +3,9 @@
 Same function names, argument names, defaults and return values; tensors are
 [batch, seqlen, nheads, headdim] (varlen: packed [total, nheads, headdim]). CPU tensors run the
 host path, CUDA tensors the fastest GPU path compiled for their device, on torch's current
-stream. Options this library does not implement (paged KV: block_table) raise
-NotImplementedError naming the option; they are never ignored.
+stream. Options a path does not implement raise NotImplementedError naming the option; they are
+never ignored (the KV cache of flash_attn_with_kvcache and paged KV, block_table, run on the host
+paths only for now).
 
 Dropout applies whenever dropout_p > 0, as in flash_attn (regardless of torch's train/eval mode:
 pass 0 in eval). Each such call draws its {seed, offset} from torch's default generator of the
@@ -36,6 +37,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 # out, or (out, softmax_lse, S_dmask or None) with return_attn_probs=True.
@@ -43,11 +45,6 @@ _Out = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _not_implemented(block_table=None):
-    if block_table is not None:
-        raise NotImplementedError("flashattn: block_table: paged KV cache is not implemented (pass block_table=None)")
 
 
 def _int_like(x):
@@ -88,15 +85,20 @@ def _check_softmax_scale(softmax_scale, headdim):
     return scale
 
 
-def _check_inputs(q, k, v, packed_ndim):
-    names = ("q", "k", "v")
+def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
+    """q, k, v (or q, k_cache, v_cache): tensors on one device, one supported dtype, ranks packed_ndim (q) and
+    kv_ndim (k, v; default packed_ndim), one head dim, GQA-compatible heads, and (same_batch, 4-D) one batch."""
+    kv_ndim = packed_ndim if kv_ndim is None else kv_ndim
+    qn, kn, vn = names
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"flashattn: q, k, v must be on the same device (got q: {q.device}, k: {k.device}, v: {v.device})")
+        raise ValueError(f"flashattn: {qn}, {kn}, {vn} must be on the same device (got {qn}: {q.device}, {kn}: "
+                         f"{k.device}, {vn}: {v.device})")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"flashattn: q, k, v must have the same dtype (got q: {q.dtype}, k: {k.dtype}, v: {v.dtype})")
+        raise ValueError(f"flashattn: {qn}, {kn}, {vn} must have the same dtype (got {qn}: {q.dtype}, {kn}: "
+                         f"{k.dtype}, {vn}: {v.dtype})")
     if q.device.type == "cuda":
         if q.dtype not in _CUDA_DTYPES:
             if q.dtype in _CPU_DTYPES:
@@ -107,24 +109,50 @@ def _check_inputs(q, k, v, packed_ndim):
         if q.dtype not in _CPU_DTYPES:
             raise ValueError(f"flashattn: dtype {q.dtype} is not supported (float16, bfloat16, float32, float64)")
     else:
-        raise ValueError(f"flashattn: q is on device {q.device}; only CPU and CUDA tensors are supported")
-    layout = "[batch, seqlen, nheads, headdim]" if packed_ndim == 4 else "[total, nheads, headdim]"
-    for name, t in zip(names, (q, k, v)):
-        if t.dim() != packed_ndim:
-            raise ValueError(f"flashattn: {name} must be {packed_ndim}-D {layout}, got shape {tuple(t.shape)}")
+        raise ValueError(f"flashattn: {qn} is on device {q.device}; only CPU and CUDA tensors are supported")
+    layouts = {4: "[batch, seqlen, nheads, headdim]", 3: "[total, nheads, headdim]"}
+    for name, t, ndim in zip(names, (q, k, v), (packed_ndim, kv_ndim, kv_ndim)):
+        if t.dim() != ndim:
+            layout = layouts[ndim] if ndim == packed_ndim or name == qn else "[num_blocks, page_block_size, nheads_k, headdim]"
+            raise ValueError(f"flashattn: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
     if k.shape != v.shape:
-        raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, v: {tuple(v.shape)})")
+        raise ValueError(f"flashattn: {kn} and {vn} must have the same shape (got {kn}: {tuple(k.shape)}, {vn}: "
+                         f"{tuple(v.shape)})")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"flashattn: q and k must have the same head dim (got q: {q.shape[-1]}, k: {k.shape[-1]})")
+        raise ValueError(f"flashattn: {qn} and {kn} must have the same head dim (got {qn}: {q.shape[-1]}, {kn}: "
+                         f"{k.shape[-1]})")
     if q.shape[-1] == 0:
-        raise ValueError(f"flashattn: headdim (the last dim of q, k, v) is 0, got q shape {tuple(q.shape)}")
+        raise ValueError(f"flashattn: headdim (the last dim of {qn}, {kn}, {vn}) is 0, got {qn} shape {tuple(q.shape)}")
     hq, hk = q.shape[-2], k.shape[-2]
     if hq == 0:
-        raise ValueError(f"flashattn: nheads of q is 0, got q shape {tuple(q.shape)}")
+        raise ValueError(f"flashattn: nheads of {qn} is 0, got {qn} shape {tuple(q.shape)}")
     if hk == 0 or hq % hk != 0:
-        raise ValueError(f"flashattn: the number of heads in q ({hq}) must be a multiple of that in k, v ({hk})")
-    if packed_ndim == 4 and q.shape[0] != k.shape[0]:
-        raise ValueError(f"flashattn: q and k must have the same batch size (got q: {q.shape[0]}, k: {k.shape[0]})")
+        raise ValueError(f"flashattn: the number of heads in {qn} ({hq}) must be a multiple of that in {kn}, {vn} "
+                         f"({hk})")
+    if same_batch and packed_ndim == 4 and q.shape[0] != k.shape[0]:
+        raise ValueError(f"flashattn: {qn} and {kn} must have the same batch size (got {qn}: {q.shape[0]}, {kn}: "
+                         f"{k.shape[0]})")
+
+
+def _check_index(name, t, device, shape, desc):
+    """An int32 index tensor (cache_seqlens, block_table, ...) of `shape` (None: any size) on `device`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"flashattn: {name} must be int32, got {t.dtype}")
+    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
+        raise ValueError(f"flashattn: {name} must have shape {desc}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"flashattn: {name} must be on the same device as q (got {t.device}, q: {device})")
+    return t
+
+
+def _check_softcap(softcap):
+    if softcap is None:
+        return 0.0
+    if softcap < 0:
+        raise ValueError(f"flashattn: softcap={softcap} must be >= 0 (0 = off)")
+    return float(softcap)
 
 
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
@@ -145,10 +173,13 @@ def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
 
 def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                deterministic=False, return_attn_probs=False, block_table=None, backend="auto"):
+                deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None, backend="auto"):
     """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90."""
-    _not_implemented(block_table)
     dropout_p = _ops.check_dropout_p(dropout_p)
+    if block_table is not None or seqused_k is not None:
+        return _varlen_kv_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                                block_table, seqused_k, backend)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     _check_inputs(q, k, v, 3 if varlen else 4)
     if varlen:
@@ -158,10 +189,7 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     if causal:
         window_right = 0  # as flash_attn: causal is the window's right edge at the diagonal
     softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
-    if softcap is None:
-        softcap = 0.0
-    if softcap < 0:
-        raise ValueError(f"flashattn: softcap={softcap} must be >= 0 (0 = off)")
+    softcap = _check_softcap(softcap)
     alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
             window_left, window_right, float(softcap))
@@ -176,6 +204,42 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
             return out, lse, None
         return out, lse, _attn_probs(q, k, lse, rng_state, float(softmax_scale), window_left, window_right,
                                      float(softcap), alibi_slopes, dropout_p)
+    return out
+
+
+def _varlen_kv_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                     causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, backend):
+    """flash_attn_varlen_func with block_table (k/v paged [num_blocks, page_block_size, nheads_k, headdim]; sequence
+    b's keys are its first cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through block_table[b]) and/or seqused_k
+    (sequence b uses only its first seqused_k[b] keys). Forward only: a backward raises."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("flashattn: block_table / seqused_k need the varlen layout (cu_seqlens_q and cu_seqlens_k)")
+    if dropout_p > 0:
+        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} with block_table / seqused_k: paged KV is "
+                                  "inference-only here (pass dropout_p=0)")
+    paged = block_table is not None
+    _check_inputs(q, k, v, 3, kv_ndim=4 if paged else 3, same_batch=False)
+    _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+    max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    batch = cu_seqlens_q.shape[0] - 1
+    if paged:
+        _check_index("block_table", block_table, q.device, (batch, None), f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
+        if block_table.shape[1] == 0:
+            raise ValueError("flashattn: block_table has 0 columns (each sequence needs at least one page)")
+    if seqused_k is not None:
+        _check_index("seqused_k", seqused_k, q.device, (batch,), f"(batch,) = ({batch},)")
+    window_left, window_right = _check_window(window_size)
+    if causal:
+        window_right = 0
+    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
+    softcap = _check_softcap(softcap)
+    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    out, lse = _ops.kvcache_attention(q, k, v, seqused_k, None, None, block_table, alibi_slopes, cu_seqlens_q,
+                                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
+                                      window_left, window_right, softcap, 0, bool(return_attn_probs),
+                                      _lib.backend_id(backend))
+    if return_attn_probs:
+        return out, lse, None
     return out
 
 
@@ -272,7 +336,8 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None) -> _Out:
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None,
+                           seqused_k: Optional[Tensor] = None) -> _Out:
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
 
     Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Options as flash_attn_func;
@@ -280,12 +345,17 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     per sequence, with row and column indices counted from each sequence's start. Returns out
     (total_q, nheads, headdim), or (out, softmax_lse (nheads, total_q), None) with
     return_attn_probs=True: the varlen functions never return S_dmask (None even with dropout).
-    block_table (paged KV) raises NotImplementedError.
+    block_table: int32 (batch, max_num_blocks_per_seq), paged KV (inference): k, v are then page pools
+    (num_blocks, page_block_size, nheads_k, headdim), any page_block_size >= 1, and sequence b's keys are rows
+    0 .. cu_seqlens_k[b + 1] - cu_seqlens_k[b] - 1 of its pages block_table[b] (cu_seqlens_k gives lengths only).
+    seqused_k: int32 (batch,), optional: sequence b attends to its first seqused_k[b] keys only (masks bottom-right
+    aligned to that length). Both are forward-only (no dropout): a backward through the result raises
+    RuntimeError. Host paths only for now: the CUDA paths raise NotImplementedError naming the field.
     """
     return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, deterministic=deterministic,
-                       return_attn_probs=return_attn_probs, block_table=block_table)
+                       return_attn_probs=return_attn_probs, block_table=block_table, seqused_k=seqused_k)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
@@ -324,6 +394,144 @@ def _check_packed(t, name, ndim, dim, n):
         want = {("qkv", 5): "(batch, seqlen, 3, nheads, headdim)", ("kv", 5): "(batch, seqlen, 2, nheads_k, headdim)",
                 ("qkv", 4): "(total, 3, nheads, headdim)", ("kv", 4): "(total, 2, nheads_k, headdim)"}[(name, ndim)]
         raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                            v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None, cache_seqlens: Optional[Union[int, Tensor]] = None,
+                            cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
+                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False
+                            ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention over a KV cache, appending new keys/values in place first (decoding), as flash_attn 2.x's.
+
+    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or,
+    with block_table (int32 (batch, max_num_blocks_per_seq)), page pools (num_blocks, page_block_size, nheads_k,
+    headdim) with any page_block_size >= 1: row r of sequence b is k_cache[block_table[b, r // page_block_size],
+    r % page_block_size]. Without block_table, sequence b uses cache entry cache_batch_idx[b] (int32 (batch,)), or
+    entry b (the first batch entries of a larger cache).
+    cache_seqlens: int or int32 (batch,): the rows already in each sequence's cache (default: the whole cache).
+    k, v: (batch, seqlen_new, nheads_k, headdim), optional: written IN PLACE into k_cache / v_cache at rows
+    cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (they must fit); the attention then covers them too.
+    rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) in q's dtype, with k/v only: the first rotary_dim columns of
+    k are rotated at positions cache_seqlens[b] + j before they are stored, and those of q at cache_seqlens[b] + i
+    (causal or windowed) or cache_seqlens[b] (otherwise); q itself is not modified. rotary_interleaved rotates
+    pairs (0, 1), (2, 3), ... (GPT-J), otherwise the two halves (GPT-NeoX).
+    cache_leftpad: int32 (batch,), optional: sequence b's keys start at row cache_leftpad[b].
+    Sequence b attends to rows [cache_leftpad[b], cache_seqlens[b] + seqlen_new); causal and window_size are
+    bottom-right aligned to that length, ALiBi (alibi_slopes, float32 (nheads,) or (batch, nheads)) too.
+    softmax_scale, causal, window_size, softcap as flash_attn_func. num_splits: split-KV hint for the CUDA paths
+    (0 = heuristic; the host paths never split: it changes no result).
+
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q)) with
+    return_softmax_lse=True. No autograd, as flash_attn's: the outputs never require grad.
+    CPU tensors run the host paths (fp16/bf16/fp32/fp64); the CUDA paths do not implement the KV cache yet and
+    raise NotImplementedError naming the field (nothing falls back silently).
+    """
+    _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
+    device = q.device
+    batch, seqlen_q, _, d = q.shape
+    hk = k_cache.shape[2]
+    paged = block_table is not None
+    if (k is None) != (v is None):
+        raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
+                         "give both k and v (the rows to append) or neither")
+    seqlen_new = 0
+    if k is not None:
+        want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+            if t.device != device or t.dtype != q.dtype:
+                raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
+                                 f"{t.device}, {t.dtype}")
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
+                raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+        if k.shape != v.shape:
+            raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
+                             f"v: {tuple(v.shape)})")
+        seqlen_new = k.shape[1]
+        if seqlen_new == 0:
+            raise ValueError("flashattn: k and v have 0 rows (seqlen_new = 0): pass k=None, v=None to append nothing")
+        if seqlen_q == 0:
+            raise ValueError("flashattn: q has 0 rows (seqlen_q = 0) while k/v are given: the rows are appended by "
+                             "the attention call")
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None:
+            raise ValueError("flashattn: rotary_cos and rotary_sin: give both or neither")
+        if k is None:
+            raise ValueError("flashattn: rotary_cos/rotary_sin need k and v: the rotary embedding is applied to q and "
+                             "to the new keys as they are appended (without new keys, rotate q yourself)")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+            if t.dtype != q.dtype or t.device != device:
+                raise ValueError(f"flashattn: {name} must have q's dtype and device ({q.dtype}, {device}), got "
+                                 f"{t.dtype}, {t.device}")
+            if t.dim() != 2 or t.shape[0] < 1 or t.shape[1] < 1 or 2 * t.shape[1] > d:
+                raise ValueError(f"flashattn: {name} must have shape (seqlen_ro, rotary_dim / 2) with seqlen_ro >= 1 and"
+                                 f" 2 <= rotary_dim <= headdim = {d}, got {tuple(t.shape)}")
+        if rotary_cos.shape != rotary_sin.shape:
+            raise ValueError(f"flashattn: rotary_cos and rotary_sin must have the same shape (got "
+                             f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)})")
+    if cache_batch_idx is not None:
+        if paged:
+            raise ValueError("flashattn: cache_batch_idx is not supported with block_table (the block table already "
+                             "maps each sequence to its pages)")
+        _check_index("cache_batch_idx", cache_batch_idx, device, (batch,), f"(batch,) = ({batch},)")
+    if cache_leftpad is not None:
+        _check_index("cache_leftpad", cache_leftpad, device, (batch,), f"(batch,) = ({batch},)")
+    if paged:
+        _check_index("block_table", block_table, device, (batch, None), f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
+        if block_table.shape[1] == 0:
+            raise ValueError("flashattn: block_table has 0 columns (each sequence needs at least one page)")
+        if k_cache.shape[1] == 0:
+            raise ValueError(f"flashattn: k_cache has page_block_size 0 (shape {tuple(k_cache.shape)})")
+        capacity = k_cache.shape[1] * block_table.shape[1]
+    else:
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] != batch:
+            if k_cache.shape[0] < batch:
+                raise ValueError(f"flashattn: k_cache has {k_cache.shape[0]} batch entries, fewer than q's batch {batch}"
+                                 " (pass cache_batch_idx to map sequences to cache entries)")
+            # Sequence b uses entry b, as flash_attn: views, so appends land in the caller's cache.
+            k_cache, v_cache = k_cache[:batch], v_cache[:batch]
+    if seqlen_new > capacity:
+        raise ValueError(f"flashattn: k has {seqlen_new} new rows, more than the cache's {capacity} rows per sequence")
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("flashattn: cache_seqlens is required with k/v: the new rows are written at rows "
+                             "cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1")
+    elif isinstance(cache_seqlens, torch.Tensor):
+        _check_index("cache_seqlens", cache_seqlens, device, (batch,), f"(batch,) = ({batch},)")
+    else:
+        n = _int_like(cache_seqlens)
+        if n is None or n < 0 or n + seqlen_new > capacity:
+            raise ValueError(f"flashattn: cache_seqlens={cache_seqlens!r} must be an int in [0, {capacity - seqlen_new}]"
+                             f" (the cache holds {capacity} rows per sequence, {seqlen_new} new ones are appended) or "
+                             "an int32 tensor (batch,)")
+        cache_seqlens = _ops.seqlens_tensor(n, batch, device)
+    splits = _int_like(num_splits)
+    if splits is None or splits < 0:
+        raise ValueError(f"flashattn: num_splits={num_splits!r} must be an integer >= 0 (0 = heuristic)")
+    window_left, window_right = _check_window(window_size)
+    if causal:
+        window_right = 0
+    softmax_scale = _check_softmax_scale(softmax_scale, d)
+    softcap = _check_softcap(softcap)
+    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    common = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes)
+    opts = (float(softmax_scale), bool(causal), window_left, window_right, softcap)
+    backend = _lib.backend_id("auto")
+    if k is not None:
+        out, lse = _ops.with_kvcache(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *common, *opts,
+                                     bool(rotary_interleaved), splits, bool(return_softmax_lse), backend)
+    else:
+        out, lse = _ops.with_kvcache(False, q, k_cache, v_cache, *common, None, None, 0, 0, *opts, splits,
+                                     bool(return_softmax_lse), backend)
+    return (out, lse) if return_softmax_lse else out
 
 
 # ---- private entry points for benchmarks and tests ---------------------------------------------

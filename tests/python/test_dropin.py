@@ -79,8 +79,12 @@ def test_imports_resolve_to_flashattn(no_real_flash_attn):
     qkvf = qkv.reshape(-1, *qkv.shape[2:])[:7]
     torch.testing.assert_close(flash_attn_varlen_qkvpacked_func(qkvf, cu, 4),
                                flashattn.flash_attn_varlen_func(*qkvf.unbind(1), cu, cu, 4, 4), rtol=0, atol=0)
-    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
-        flash_attn_with_kvcache(q, k, v)
+    assert flash_attn_with_kvcache is flashattn.flash_attn_with_kvcache
+    assert flash_attn.flash_attn_interface.flash_attn_with_kvcache is flashattn.flash_attn_with_kvcache
+    kc, vc = torch.zeros(2, 9, 2, 16), torch.zeros(2, 9, 2, 16)
+    out = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=0, causal=True)  # appends in place
+    assert torch.equal(kc[:, :7], k) and torch.equal(vc[:, :7], v)
+    torch.testing.assert_close(out, flashattn.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
 
 
 def test_version_passes_2x_checks(no_real_flash_attn):

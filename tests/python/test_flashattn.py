@@ -229,11 +229,13 @@ def test_gradcheck_float64():
 
 
 def test_unsupported_options_raise():
-    # Dropout and ALiBi are implemented (test_dropout_alibi.py); the paged KV cache is not.
+    # Dropout and ALiBi are implemented (test_dropout_alibi.py), paged KV too (test_kvcache.py), but paged KV is
+    # inference-only: with dropout it is refused by name.
     q = rand(1, 8, 2, 32)
     cu = _cu([8])
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attn_varlen_func(q[0], q[0, None], q[0, None], cu, cu, 8, 8, dropout_p=0.5,
+                               block_table=torch.zeros(1, 1, dtype=torch.int32))
 
 
 def test_errors_name_the_argument():
