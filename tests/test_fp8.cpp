@@ -526,7 +526,7 @@ TEST(Fp8Quantize, NonFiniteZeroAndTinyBlocks) {
     float amax = 0;
     for (int64_t s = 0; s < 4; ++s)
       for (int64_t c = 0; c < D; ++c)
-        if (s != 1 && s != 2) amax = std::max(amax, float(std::fabs(x.get(0, s, 0, c))));
+        if (std::isfinite(x.get(0, s, 0, c))) amax = std::max(amax, float(std::fabs(x.get(0, s, 0, c))));
     EXPECT_TRUE(std::isfinite(scales[0]) && scales[0] > 0) << scales[0];
     if (!had) {
       EXPECT_EQ(scales[0], amax / 448.f);
