@@ -304,6 +304,52 @@ FLASHATTN_API flashattn_combine_params flashattn_combine_params_init(void);
 /* stream: a cudaStream_t for device tensors; ignored for host tensors (the call is synchronous). */
 FLASHATTN_API flashattn_status flashattn_combine(const flashattn_combine_params* params, void* stream);
 
+/* ---- FP8 quantization (block scales, optional Hadamard transform) -----------------------------
+ * Prepares Q, K or V for FP8 attention (FlashAttention-3): x [batch, seqlen, nheads, headdim] is
+ * cut along seqlen into blocks of block_size tokens per (batch, head), each with one fp32 scale:
+ *   x'     = x, or with hadamard = 1, H (signs * x) / sqrt(headdim) along headdim (an orthogonal
+ *            map: pass the same seed for Q and K and their dot products are unchanged; H is the
+ *            Sylvester-Hadamard matrix, signs[c] = +-1 from Philox keyed by hadamard_seed; see
+ *            src/common/hadamard.h), computed in fp64 and rounded to fp32;
+ *   amax   = max |x'| over the block's finite values;
+ *   scale  = amax / 448 in fp32, at least FLT_MIN (2^-126); 1 for a block whose amax is 0;
+ *   x_fp8  = E4M3(x' / scale) (fp32 division, round to nearest even, |.| > 448 saturates to 448,
+ *            NaN stays NaN: an infinite x' becomes +-448, a NaN one NaN).
+ * E4M3 is the "fn" encoding of torch.float8_e4m3fn / __nv_fp8_e4m3 (bias 7, max 448, no inf).
+ * Scales are contiguous fp32 [batch, nheads, ceil(seqlen / block_size)]; the last block of a
+ * sequence may be short; block_size >= seqlen gives one scale per (batch, head). The error of one
+ * element, |scale * x_fp8 - x'|, is at most 2^-4 |x'| where |x'| >= 2^-6 scale, and at most
+ * 2^-10 scale below that (half an E4M3 step), plus fp32 rounding (see docs/fp8.md).
+ * flashattn_fp8_dequantize reads x_fp8 and scales and writes x = the inverse transform of
+ * scale * x_fp8, rounded to dtype. Host tensors only for now: CUDA tensors (options.device >= 0)
+ * return FLASHATTN_ERROR_NOT_SUPPORTED (the GPU quantizer comes with the FP8 kernels). */
+typedef struct flashattn_fp8_quantize_params {
+  uint32_t struct_size;  /* sizeof(flashattn_fp8_quantize_params) */
+  flashattn_dtype dtype; /* of x: fp16, bf16, fp32 or fp64 */
+  /* [batch, seqlen, nheads, headdim], strides in elements (>= 0, stride[3] = 1). Quantize: input;
+   * dequantize: output. */
+  flashattn_tensor x;
+  /* E4M3 codes (1 byte each), the shape of x, strides in elements = bytes (>= 0, stride[3] = 1).
+   * Quantize: output; dequantize: input. Must not overlap x or scales. */
+  flashattn_tensor x_fp8;
+  /* Contiguous fp32 [batch, nheads, ceil(seqlen / block_size)], 4-byte aligned. Quantize: output;
+   * dequantize: input. */
+  float* scales;
+  int32_t block_size;     /* tokens per scale block, >= 1 */
+  int32_t hadamard;       /* 0 or 1; 1 needs headdim a power of two in [16, 256] */
+  uint64_t hadamard_seed; /* keys the random signs (with hadamard = 1) */
+  /* Only backend (AUTO, CPU or REFERENCE for host tensors: all run the same host code), device
+   * and num_threads are read; the attention options are ignored. */
+  flashattn_options options;
+} flashattn_fp8_quantize_params;
+
+/* struct_size set, dtype bf16, block_size 128, hadamard off, host tensors, backend AUTO, strides
+ * [3] = 1, everything else 0/NULL. */
+FLASHATTN_API flashattn_fp8_quantize_params flashattn_fp8_quantize_params_init(void);
+/* stream: a cudaStream_t for device tensors; ignored for host tensors (the calls are synchronous). */
+FLASHATTN_API flashattn_status flashattn_fp8_quantize(const flashattn_fp8_quantize_params* params, void* stream);
+FLASHATTN_API flashattn_status flashattn_fp8_dequantize(const flashattn_fp8_quantize_params* params, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -74,6 +74,8 @@ if _torch is not None:
         flash_attn_with_kvcache,
     )
     from .combine import combine  # noqa: E402
+    from .fp8 import dequantize as fp8_dequantize  # noqa: E402
+    from .fp8 import quantize as fp8_quantize  # noqa: E402
 else:  # pragma: no cover
 
     def _needs_torch(name: str) -> Callable[..., Any]:
@@ -83,8 +85,8 @@ else:  # pragma: no cover
         f.__name__ = name
         return f
 
-    for _n in _TORCH_API + ["combine"]:
+    for _n in _TORCH_API + ["combine", "fp8_quantize", "fp8_dequantize"]:
         globals()[_n] = _needs_torch(_n)
 
-__all__ = _TORCH_API + ["FlashAttnError", "combine", "compiled_backends", "device_info", "install_as_flash_attn",
-                       "library_path", "version"]
+__all__ = _TORCH_API + ["FlashAttnError", "combine", "compiled_backends", "device_info", "fp8_dequantize",
+                       "fp8_quantize", "install_as_flash_attn", "library_path", "version"]

@@ -162,6 +162,22 @@ class CombineParams(ctypes.Structure):
     ]
 
 
+class Fp8QuantizeParams(ctypes.Structure):
+    """flashattn_fp8_quantize_params: FP8 (E4M3) block quantization with the optional Hadamard transform."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_int),  # of x
+        ("x", Tensor),  # [batch, seqlen, nheads, headdim]: quantize input / dequantize output
+        ("x_fp8", Tensor),  # E4M3 bytes, the shape of x: quantize output / dequantize input
+        ("scales", ctypes.c_void_p),  # float*: contiguous [batch, nheads, ceil(seqlen / block_size)]
+        ("block_size", ctypes.c_int32),
+        ("hadamard", ctypes.c_int32),
+        ("hadamard_seed", ctypes.c_uint64),
+        ("options", Options),
+    ]
+
+
 class DeviceInfo(ctypes.Structure):
     _fields_ = [
         ("device", ctypes.c_int32),
@@ -260,6 +276,12 @@ def _declare(lib):
         lib.flashattn_combine_params_init.argtypes = []
         lib.flashattn_combine.restype = c.c_int
         lib.flashattn_combine.argtypes = [c.POINTER(CombineParams), c.c_void_p]
+    if hasattr(lib, "flashattn_fp8_quantize"):
+        lib.flashattn_fp8_quantize_params_init.restype = Fp8QuantizeParams
+        lib.flashattn_fp8_quantize_params_init.argtypes = []
+        for name in ["flashattn_fp8_quantize", "flashattn_fp8_dequantize"]:
+            getattr(lib, name).restype = c.c_int
+            getattr(lib, name).argtypes = [c.POINTER(Fp8QuantizeParams), c.c_void_p]
     if hasattr(lib, "flashattn_sm90_set_ablation"):
         lib.flashattn_sm90_set_ablation.restype = c.c_int
         lib.flashattn_sm90_set_ablation.argtypes = [c.c_int, c.c_int]
@@ -269,6 +291,8 @@ def _check_abi(lib, path):
     checks = [(lib.flashattn_fwd_params_init, FwdParams), (lib.flashattn_bwd_params_init, BwdParams)]
     if hasattr(lib, "flashattn_combine_params_init"):
         checks.append((lib.flashattn_combine_params_init, CombineParams))
+    if hasattr(lib, "flashattn_fp8_quantize_params_init"):
+        checks.append((lib.flashattn_fp8_quantize_params_init, Fp8QuantizeParams))
     for init, struct in checks:
         got = init().struct_size
         if got != ctypes.sizeof(struct):

@@ -26,25 +26,6 @@ namespace {
 
 constexpr flashattn_status kInvalid = FLASHATTN_ERROR_INVALID_ARGUMENT;
 
-// `ptr` (non-null) lies in the memory space options.device says, and is aligned to `align`.
-flashattn_status check_pointer(const char* name, const void* ptr, size_t align, int device) {
-  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
-    return set_error(kInvalid, "%s: %p is not %zu-byte aligned", name, ptr, align);
-#if defined(FLASHATTN_HAS_CUDA)
-  int dev = -1;
-  const int kind = cuda::pointer_kind(ptr, &dev);
-  if (device >= 0 && kind != 2 && kind != 3)
-    return set_error(kInvalid, "%s: %p is not CUDA device memory (options.device = %d)", name, ptr, device);
-  if (device >= 0 && kind == 2 && dev != device)
-    return set_error(kInvalid, "%s: memory of CUDA device %d, but options.device = %d", name, dev, device);
-  if (device < 0 && kind == 2)
-    return set_error(kInvalid, "%s: %p is CUDA device memory, but options.device = -1 (host)", name, ptr);
-#else
-  (void)device;
-#endif
-  return FLASHATTN_SUCCESS;
-}
-
 flashattn_status check_strides(const char* name, const int64_t* stride, int n, bool last_contiguous) {
   for (int i = 0; i < n; ++i) {
     if (stride[i] < 0)
@@ -64,19 +45,8 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
                      "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_combine_params));
   const flashattn_combine_params& p = *caller;
   const flashattn_options& o = p.options;
-  if (o.backend < FLASHATTN_BACKEND_AUTO || o.backend > FLASHATTN_BACKEND_SM90)
-    return set_error(kInvalid, "options.backend: unknown value %d", int(o.backend));
-  if (o.device < -1) return set_error(kInvalid, "options.device: %d (use -1 for host tensors)", o.device);
-  const bool host_backend = o.backend == FLASHATTN_BACKEND_REFERENCE || o.backend == FLASHATTN_BACKEND_CPU;
-  const bool device_backend = o.backend == FLASHATTN_BACKEND_SM80 || o.backend == FLASHATTN_BACKEND_SM90;
-  if (host_backend && o.device != -1)
-    return set_error(kInvalid, "options.device: %d, but backend %s runs on host tensors (device -1)", o.device,
-                     flashattn_backend_name(o.backend));
-  if (device_backend && o.device < 0)
-    return set_error(kInvalid, "options.device: -1 (host), but backend %s needs CUDA tensors",
-                     flashattn_backend_name(o.backend));
-  if (o.num_threads < 0)
-    return set_error(kInvalid, "options.num_threads: %d (must be >= 0; 0 = default)", o.num_threads);
+  flashattn_status st = check_placement_options(o);
+  if (st != FLASHATTN_SUCCESS) return st;
 
   if (dtype_size(p.dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(p.dtype));
   if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3)
@@ -98,7 +68,6 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
       return set_error(kInvalid, "out.shape[%d]: %lld, expected %lld (out is [batch, seqlen_q, nheads, headdim], "
                        "the shape of one split of out_partial)", i, (long long)p.out.shape[i], (long long)shp[i + 1]);
   }
-  flashattn_status st;
   if ((st = check_strides("out_partial_stride", p.out_partial_stride, 5, true)) != FLASHATTN_SUCCESS) return st;
   if ((st = check_strides("out.stride", p.out.stride, 4, true)) != FLASHATTN_SUCCESS) return st;
   if ((st = check_strides("lse_partial_stride", p.lse_partial_stride, 4, false)) != FLASHATTN_SUCCESS) return st;

@@ -50,6 +50,43 @@ const char* dtype_name(flashattn_dtype dtype) {
   return "unknown";
 }
 
+flashattn_status check_placement_options(const flashattn_options& o) {
+  constexpr flashattn_status kInvalid = FLASHATTN_ERROR_INVALID_ARGUMENT;
+  if (o.backend < FLASHATTN_BACKEND_AUTO || o.backend > FLASHATTN_BACKEND_SM90)
+    return set_error(kInvalid, "options.backend: unknown value %d", int(o.backend));
+  if (o.device < -1) return set_error(kInvalid, "options.device: %d (use -1 for host tensors)", o.device);
+  const bool host_backend = o.backend == FLASHATTN_BACKEND_REFERENCE || o.backend == FLASHATTN_BACKEND_CPU;
+  const bool device_backend = o.backend == FLASHATTN_BACKEND_SM80 || o.backend == FLASHATTN_BACKEND_SM90;
+  if (host_backend && o.device != -1)
+    return set_error(kInvalid, "options.device: %d, but backend %s runs on host tensors (device -1)", o.device,
+                     flashattn_backend_name(o.backend));
+  if (device_backend && o.device < 0)
+    return set_error(kInvalid, "options.device: -1 (host), but backend %s needs CUDA tensors",
+                     flashattn_backend_name(o.backend));
+  if (o.num_threads < 0)
+    return set_error(kInvalid, "options.num_threads: %d (must be >= 0; 0 = default)", o.num_threads);
+  return FLASHATTN_SUCCESS;
+}
+
+flashattn_status check_pointer(const char* name, const void* ptr, size_t align, int device) {
+  constexpr flashattn_status kInvalid = FLASHATTN_ERROR_INVALID_ARGUMENT;
+  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
+    return set_error(kInvalid, "%s: %p is not %zu-byte aligned", name, ptr, align);
+#if defined(FLASHATTN_HAS_CUDA)
+  int dev = -1;
+  const int kind = cuda::pointer_kind(ptr, &dev);
+  if (device >= 0 && kind != 2 && kind != 3)
+    return set_error(kInvalid, "%s: %p is not CUDA device memory (options.device = %d)", name, ptr, device);
+  if (device >= 0 && kind == 2 && dev != device)
+    return set_error(kInvalid, "%s: memory of CUDA device %d, but options.device = %d", name, dev, device);
+  if (device < 0 && kind == 2)
+    return set_error(kInvalid, "%s: %p is CUDA device memory, but options.device = -1 (host)", name, ptr);
+#else
+  (void)device;
+#endif
+  return FLASHATTN_SUCCESS;
+}
+
 namespace {
 
 constexpr flashattn_status kInvalid = FLASHATTN_ERROR_INVALID_ARGUMENT;

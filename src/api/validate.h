@@ -26,6 +26,13 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* p, void* stream, FwdP
 flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdParams* out,
                                CallContext* ctx);
 
+// For the entry points that read only options.backend, .device and .num_threads (flashattn_combine,
+// flashattn_fp8_quantize): the backend is known, the device and backend agree, num_threads >= 0.
+flashattn_status check_placement_options(const flashattn_options& o);
+// `ptr` (non-null) is aligned to `align` and lies in the memory space `device` says (-1: host;
+// checked only in CUDA builds). The message names `name`.
+flashattn_status check_pointer(const char* name, const void* ptr, size_t align, int device);
+
 size_t dtype_size(flashattn_dtype dtype);
 const char* dtype_name(flashattn_dtype dtype);
 

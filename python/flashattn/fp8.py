@@ -1,0 +1,171 @@
+"""flashattn.fp8: FP8 (E4M3) block quantization for FP8 attention (FlashAttention-3 style).
+
+`quantize` cuts x [batch, seqlen, nheads, headdim] along seqlen into blocks of `block_size` tokens
+per (batch, head), each with one float32 scale, and returns E4M3 values (torch.float8_e4m3fn) and
+the scales [batch, nheads, ceil(seqlen / block_size)]:
+
+    x'     = x, or with hadamard=True  H (signs * x) / sqrt(headdim)  along headdim
+    scale  = amax(|x'| over the block's finite values) / 448   (1 for an all-zero block)
+    x_fp8  = E4M3(x' / scale), round to nearest even, |.| > 448 saturated to 448, NaN kept
+
+The Hadamard transform (random +-1 signs from `seed`, then the orthonormal Walsh-Hadamard matrix)
+is orthogonal: quantize Q and K with the same seed and Q K^T is unchanged, while outliers are
+spread over the row. `dequantize` inverts it: x ~= signs * H (scale * x_fp8) / sqrt(headdim).
+Per element of x', |scale * x_fp8 - x'| <= 2^-4 |x'| (or 2^-10 scale for |x'| < 2^-6 scale).
+
+Runs the C library's flashattn_fp8_quantize / flashattn_fp8_dequantize on CPU tensors; CUDA tensors
+raise NotImplementedError until the GPU quantizer lands. No autograd. See docs/fp8.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Tuple
+
+import torch
+
+from . import _lib
+from ._ops import _alloc  # NaN-filled under FLASHATTN_DEBUG_POISON=1 (tests)
+
+__all__ = ["quantize", "dequantize"]
+
+_DTYPES = {
+    torch.float16: _lib.DTYPE_FP16,
+    torch.bfloat16: _lib.DTYPE_BF16,
+    torch.float32: _lib.DTYPE_FP32,
+    torch.float64: _lib.DTYPE_FP64,
+}
+_HADAMARD_DIMS = (16, 32, 64, 128, 256)
+_INT32_MAX = 2**31 - 1
+
+
+def _check_block_size(block_size: object, seqlen: int, what: str) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise ValueError(f"flashattn.fp8.{what}: block_size must be an int, got {type(block_size).__name__}")
+    if block_size < 1:
+        raise ValueError(f"flashattn.fp8.{what}: block_size must be >= 1, got {block_size}")
+    # Any block_size >= seqlen means one block per (batch, head): the C field is int32.
+    return min(block_size, max(seqlen, 1), _INT32_MAX)
+
+
+def _check_transform(hadamard: object, seed: object, headdim: int, what: str) -> None:
+    if not isinstance(hadamard, (bool, int)) or hadamard not in (0, 1):
+        raise ValueError(f"flashattn.fp8.{what}: hadamard must be a bool, got {hadamard!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"flashattn.fp8.{what}: seed must be an int in [0, 2**64), got {seed!r}")
+    if hadamard and headdim not in _HADAMARD_DIMS:
+        raise ValueError(f"flashattn.fp8.{what}: hadamard=True needs headdim (the last dim) in {_HADAMARD_DIMS}, "
+                         f"got {headdim}")
+
+
+def _check_4d(name: str, t: object, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"flashattn.fp8.{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"flashattn.fp8.{what}: {name} must have 4 dims [batch, seqlen, nheads, headdim], got shape "
+                         f"{tuple(t.shape)}")
+    t = t.detach()
+    if t.numel() and t.stride(-1) != 1 and t.shape[-1] != 1:
+        t = t.contiguous()
+    if any(st < 0 for st in t.stride()):  # e.g. a flipped view
+        t = t.contiguous()
+    return t
+
+
+def _run(fn_name: str, x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tensor, block_size: int, hadamard: bool,
+         seed: int) -> None:
+    lib = _lib.load()
+    if not hasattr(lib, fn_name):
+        raise NotImplementedError(f"flashattn.fp8: {_lib.library_path()} has no {fn_name} (older build)")
+    p = lib.flashattn_fp8_quantize_params_init()
+    p.dtype = _DTYPES[x.dtype]
+    for view, t in ((p.x, x), (p.x_fp8, x_fp8)):
+        view.data = t.data_ptr() if t.numel() else None
+        for i in range(4):
+            view.shape[i] = t.shape[i]
+            view.stride[i] = t.stride(i)
+        view.stride[3] = 1  # a size-1 last dim may report any stride
+    p.scales = scales.data_ptr() if scales.numel() else None
+    p.block_size = block_size
+    p.hadamard = int(bool(hadamard))
+    p.hadamard_seed = seed
+    stream = None
+    if x.device.type == "cuda":
+        p.options.device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+    else:
+        p.options.device = -1
+        p.options.num_threads = torch.get_num_threads()
+    _lib.raise_for_status(getattr(lib, fn_name)(ctypes.byref(p), stream), fn_name[len("flashattn_"):])
+
+
+def quantize(x: torch.Tensor, block_size: int = 128, hadamard: bool = False,
+             seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes x to FP8 E4M3 with one float32 scale per (batch, head, block of block_size tokens).
+
+    Args:
+        x: [batch, seqlen, nheads, headdim], float16/bfloat16/float32/float64, any strides.
+        block_size: tokens per scale block (>= 1); block_size >= seqlen gives one scale per (batch, head).
+        hadamard: multiply each row by the random orthogonal matrix H diag(signs) / sqrt(headdim) first
+            (headdim must be 16, 32, 64, 128 or 256). Use the same seed for Q and K.
+        seed: keys the random signs (an int in [0, 2**64)).
+
+    Returns:
+        (x_fp8, scales): x_fp8 [batch, seqlen, nheads, headdim] torch.float8_e4m3fn, scales float32
+        [batch, nheads, ceil(seqlen / block_size)], contiguous.
+
+    Raises:
+        ValueError: a bad argument (the message names it).
+        NotImplementedError: CUDA tensors (no GPU quantizer yet).
+    """
+    x = _check_4d("x", x, "quantize")
+    if x.dtype not in _DTYPES:
+        raise ValueError(f"flashattn.fp8.quantize: x dtype {x.dtype} is not supported "
+                         "(float16, bfloat16, float32, float64)")
+    b, s, h, d = x.shape
+    bs = _check_block_size(block_size, s, "quantize")
+    _check_transform(hadamard, seed, d, "quantize")
+    nblocks = (s + bs - 1) // bs
+    x_fp8 = _alloc((b, s, h, d), torch.float8_e4m3fn, x.device, None)
+    scales = _alloc((b, h, nblocks), torch.float32, x.device, None)
+    _run("flashattn_fp8_quantize", x, x_fp8, scales, bs, bool(hadamard), seed)
+    return x_fp8, scales
+
+
+def dequantize(x_fp8: torch.Tensor, scales: torch.Tensor, block_size: int, hadamard: bool = False, seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The inverse of `quantize`: scale * x_fp8 per block, then the inverse transform (when hadamard).
+
+    Args:
+        x_fp8: [batch, seqlen, nheads, headdim] torch.float8_e4m3fn, any strides.
+        scales: float32 [batch, nheads, ceil(seqlen / block_size)].
+        block_size, hadamard, seed: the values `quantize` was called with.
+        dtype: of the result: float16/bfloat16/float32/float64.
+
+    Returns:
+        x [batch, seqlen, nheads, headdim] in `dtype`, contiguous.
+    """
+    x_fp8 = _check_4d("x_fp8", x_fp8, "dequantize")
+    if x_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"flashattn.fp8.dequantize: x_fp8 must be torch.float8_e4m3fn, got {x_fp8.dtype}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"flashattn.fp8.dequantize: dtype {dtype} is not supported (float16, bfloat16, float32, "
+                         "float64)")
+    b, s, h, d = x_fp8.shape
+    bs = _check_block_size(block_size, s, "dequantize")
+    _check_transform(hadamard, seed, d, "dequantize")
+    if not isinstance(scales, torch.Tensor):
+        raise ValueError(f"flashattn.fp8.dequantize: scales must be a torch.Tensor, got {type(scales).__name__}")
+    if scales.dtype != torch.float32:
+        raise ValueError(f"flashattn.fp8.dequantize: scales must be float32, got {scales.dtype}")
+    nblocks = (s + bs - 1) // bs
+    if tuple(scales.shape) != (b, h, nblocks):
+        raise ValueError(f"flashattn.fp8.dequantize: scales shape {tuple(scales.shape)} does not match x_fp8 and "
+                         f"block_size: expected (batch, nheads, ceil(seqlen / block_size)) = {(b, h, nblocks)}")
+    if scales.device != x_fp8.device:
+        raise ValueError(f"flashattn.fp8.dequantize: scales ({scales.device}) and x_fp8 ({x_fp8.device}) are on "
+                         "different devices")
+    scales = scales.detach().contiguous()
+    x = _alloc((b, s, h, d), dtype, x_fp8.device, None)
+    _run("flashattn_fp8_dequantize", x, x_fp8, scales, bs, bool(hadamard), seed)
+    return x

@@ -1,0 +1,151 @@
+// flashattn_fp8_quantize / flashattn_fp8_dequantize: validation of flashattn_fp8_quantize_params
+// (every rejected call names the field) and the host path (src/cpu/fp8_quantize.cpp). CUDA tensors
+// are refused with NOT_SUPPORTED until the GPU quantizer lands with the FP8 kernels.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "api/validate.h"
+#include "common/error.h"
+#include "common/hadamard.h"
+#include "common/parallel.h"
+#include "cpu/fp8_quantize.h"
+#include "flashattn/flashattn.h"
+
+using namespace flashattn;
+
+#if UINTPTR_MAX == UINT64_MAX
+static_assert(offsetof(flashattn_fp8_quantize_params, x) == 8 && offsetof(flashattn_fp8_quantize_params, x_fp8) == 80 &&
+                  offsetof(flashattn_fp8_quantize_params, scales) == 152 &&
+                  offsetof(flashattn_fp8_quantize_params, block_size) == 160 &&
+                  offsetof(flashattn_fp8_quantize_params, hadamard_seed) == 168 &&
+                  offsetof(flashattn_fp8_quantize_params, options) == 176 &&
+                  sizeof(flashattn_fp8_quantize_params) == 216,
+              "flashattn_fp8_quantize_params layout changed (python/flashattn/_lib.py mirrors it)");
+#endif
+
+namespace {
+
+constexpr flashattn_status kInvalid = FLASHATTN_ERROR_INVALID_ARGUMENT;
+
+flashattn_status check_strides(const char* name, const int64_t (&stride)[4]) {
+  for (int i = 0; i < 3; ++i) {
+    if (stride[i] < 0)
+      return set_error(kInvalid, "%s.stride[%d]: %lld (negative strides are not supported)", name, i,
+                       (long long)stride[i]);
+  }
+  if (stride[3] != 1)
+    return set_error(kInvalid, "%s.stride[3]: %lld (the last dimension, headdim, must be contiguous: stride 1)",
+                     name, (long long)stride[3]);
+  return FLASHATTN_SUCCESS;
+}
+
+// Both directions take the same fields (x_fp8 and scales are outputs of one, inputs of the other).
+flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, cpu::Fp8QuantizeParams* out,
+                               int* num_threads, bool* nothing_to_do) {
+  if (caller == nullptr) return set_error(kInvalid, "params: NULL");
+  if (caller->struct_size != sizeof(flashattn_fp8_quantize_params))
+    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_fp8_quantize_params) = %zu "
+                     "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_fp8_quantize_params));
+  const flashattn_fp8_quantize_params& p = *caller;
+  flashattn_status st = check_placement_options(p.options);
+  if (st != FLASHATTN_SUCCESS) return st;
+  const int device = p.options.device;
+
+  if (dtype_size(p.dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(p.dtype));
+  if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3)
+    return set_error(kInvalid, "dtype: fp8_e4m3 (dtype is x's: fp16, bf16, fp32 or fp64; x_fp8 is always E4M3)");
+
+  const int64_t* shp = p.x.shape;
+  for (int i = 0; i < 4; ++i) {
+    if (shp[i] < 0) return set_error(kInvalid, "x.shape[%d]: %lld (negative)", i, (long long)shp[i]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (p.x_fp8.shape[i] != shp[i])
+      return set_error(kInvalid, "x_fp8.shape[%d]: %lld, expected %lld (x_fp8 has x's shape [batch, seqlen, nheads, "
+                       "headdim])", i, (long long)p.x_fp8.shape[i], (long long)shp[i]);
+  }
+  if ((st = check_strides("x", p.x.stride)) != FLASHATTN_SUCCESS) return st;
+  if ((st = check_strides("x_fp8", p.x_fp8.stride)) != FLASHATTN_SUCCESS) return st;
+  if (p.block_size < 1) return set_error(kInvalid, "block_size: %d (must be >= 1)", p.block_size);
+  if (p.hadamard != 0 && p.hadamard != 1) return set_error(kInvalid, "hadamard: %d (0 or 1)", p.hadamard);
+  const int64_t b = shp[0], s = shp[1], h = shp[2], d = shp[3];
+  if (p.hadamard && !hadamard_dim_supported(d))
+    return set_error(kInvalid, "hadamard: 1, but x.shape[3] (headdim) is %lld: the Hadamard transform needs a power "
+                     "of two in [%d, %d]", (long long)d, kHadamardMinDim, kHadamardMaxDim);
+
+  // Before the pointers: they would be checked as device memory, for a path that does not exist.
+  if (device >= 0)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                     "options.device: %d: FP8 quantization of CUDA tensors is not implemented yet (the GPU quantizer "
+                     "will come with the FP8 attention kernels); quantize host tensors (options.device = -1)", device);
+
+  const bool blocks = b * s * h > 0;  // there are scales
+  const bool elems = blocks && d > 0;
+  if (elems && p.x.data == nullptr) return set_error(kInvalid, "x.data: NULL");
+  if (elems && p.x_fp8.data == nullptr) return set_error(kInvalid, "x_fp8.data: NULL");
+  if (blocks && p.scales == nullptr) return set_error(kInvalid, "scales: NULL");
+  if (elems && (st = check_pointer("x.data", p.x.data, dtype_size(p.dtype), device)) != FLASHATTN_SUCCESS) return st;
+  if (elems && (st = check_pointer("x_fp8.data", p.x_fp8.data, 1, device)) != FLASHATTN_SUCCESS) return st;
+  if (blocks && (st = check_pointer("scales", p.scales, 4, device)) != FLASHATTN_SUCCESS) return st;
+
+
+  cpu::Fp8QuantizeParams& c = *out;
+  c = cpu::Fp8QuantizeParams{};
+  c.dtype = p.dtype;
+  c.batch = b;
+  c.seqlen = s;
+  c.nheads = h;
+  c.headdim = d;
+  c.x = p.x.data;
+  std::memcpy(c.x_stride, p.x.stride, sizeof(c.x_stride));
+  c.x_fp8 = static_cast<uint8_t*>(p.x_fp8.data);
+  std::memcpy(c.x_fp8_stride, p.x_fp8.stride, sizeof(c.x_fp8_stride));
+  c.scales = p.scales;
+  c.block_size = p.block_size;
+  c.hadamard = p.hadamard != 0;
+  c.hadamard_seed = p.hadamard_seed;
+  *num_threads = p.options.num_threads;
+  *nothing_to_do = !blocks;
+  return FLASHATTN_SUCCESS;
+}
+
+template <typename Run>
+flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, Run&& run) {
+  clear_error();
+  cpu::Fp8QuantizeParams c;
+  int num_threads = 0;
+  bool nothing_to_do = false;
+  flashattn_status s = normalize_fp8(params, &c, &num_threads, &nothing_to_do);
+  if (s != FLASHATTN_SUCCESS || nothing_to_do) return s;
+  ScopedHostThreads threads(num_threads);
+  return run(c);
+}
+
+}  // namespace
+
+extern "C" {
+
+flashattn_fp8_quantize_params flashattn_fp8_quantize_params_init(void) {
+  flashattn_fp8_quantize_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.struct_size = sizeof(p);
+  p.dtype = FLASHATTN_DTYPE_BF16;
+  p.x.stride[3] = 1;
+  p.x_fp8.stride[3] = 1;
+  p.block_size = 128;
+  p.options = flashattn_default_options();
+  return p;
+}
+
+flashattn_status flashattn_fp8_quantize(const flashattn_fp8_quantize_params* params, void* stream) {
+  (void)stream;  // host tensors only, for now
+  return run_fp8(params, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_quantize(c); });
+}
+
+flashattn_status flashattn_fp8_dequantize(const flashattn_fp8_quantize_params* params, void* stream) {
+  (void)stream;
+  return run_fp8(params, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_dequantize(c); });
+}
+
+}  // extern "C"

@@ -1,0 +1,36 @@
+// Host FP8 (E4M3) block quantization with the optional Hadamard transform, and its inverse; see
+// flashattn_fp8_quantize in include/flashattn/flashattn.h for the semantics. src/api/fp8_quantize.cpp
+// validates and fills these params.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn::cpu {
+
+struct Fp8QuantizeParams {
+  flashattn_dtype dtype = FLASHATTN_DTYPE_FP32;  // of x
+  int64_t batch = 0, seqlen = 0, nheads = 0, headdim = 0;
+  void* x = nullptr;  // [batch, seqlen, nheads, headdim]
+  int64_t x_stride[4] = {0, 0, 0, 1};
+  uint8_t* x_fp8 = nullptr;  // same shape, E4M3 codes
+  int64_t x_fp8_stride[4] = {0, 0, 0, 1};
+  float* scales = nullptr;  // contiguous [batch, nheads, num_blocks]
+  int64_t block_size = 1;
+  bool hadamard = false;  // needs hadamard_dim_supported(headdim)
+  uint64_t hadamard_seed = 0;
+};
+
+inline int64_t fp8_num_blocks(int64_t seqlen, int64_t block_size) { return (seqlen + block_size - 1) / block_size; }
+
+// The scale of a block from the amax of its finite transformed values: amax / 448 in fp32, at
+// least FLT_MIN (so x' / scale stays finite), and 1 when amax is 0 (never 0 or NaN).
+float fp8_scale_from_amax(float amax);
+
+// Run on host_num_threads() threads (options.num_threads through ScopedHostThreads); results do
+// not depend on the thread count.
+flashattn_status fp8_quantize(const Fp8QuantizeParams& p);
+flashattn_status fp8_dequantize(const Fp8QuantizeParams& p);
+
+}  // namespace flashattn::cpu

@@ -1,0 +1,671 @@
+// FP8 groundwork (issue 16): the E4M3 "fn" codec (src/common/fp8.h), the random Hadamard transform
+// (src/common/hadamard.h) and the host block quantizer behind flashattn_fp8_quantize /
+// flashattn_fp8_dequantize. Every check is against something derived independently here: the
+// 256 codes from the format's definition, rounding from a slow nearest-value search, the
+// transform from the matrix H[i][j] = (-1)^popcount(i & j), the quantizer from a naive
+// per-block recomputation, and the error from E4M3's half step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bitset>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fp8.h"
+#include "common/hadamard.h"
+#include "common/half_convert.h"
+#include "flashattn/flashattn.h"
+#include "test_util.h"
+
+namespace flashattn::test {
+namespace {
+
+// ---- independent E4M3 model ------------------------------------------------------------------
+
+// The value of code v by the format's definition (bias 7, 3 mantissa bits, S.1111.111 = NaN).
+double e4m3_by_definition(uint8_t v) {
+  const int sign = v >> 7, e = (v >> 3) & 15, m = v & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sign ? -mag : mag;
+}
+
+// Slow round-to-nearest-even with saturation: the neighbours of |x| among the 127 non-negative
+// finite codes, the nearer one (the even code on a tie); |x| > 448 and inf give 448.
+uint8_t e4m3_slow(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  if (a >= 448.0) return uint8_t(sign | 0x7E);
+  uint8_t lo = 0;
+  while (lo < 0x7E && e4m3_by_definition(uint8_t(lo + 1)) <= a) ++lo;
+  const uint8_t hi = uint8_t(lo + 1);
+  const double dlo = a - e4m3_by_definition(lo), dhi = e4m3_by_definition(hi) - a;  // exact here
+  uint8_t code = lo;
+  if (dhi < dlo || (dhi == dlo && (hi & 1) == 0)) code = hi;
+  if (dlo == 0) code = lo;
+  return uint8_t(sign | code);
+}
+
+std::string hex(uint8_t v) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "0x%02X", v);
+  return buf;
+}
+
+TEST(Fp8E4M3, DecodesAll256CodesAsTheFormatDefines) {
+  for (int v = 0; v < 256; ++v) {
+    const double want = e4m3_by_definition(uint8_t(v));
+    const float got = e4m3_to_float(uint8_t(v));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << hex(uint8_t(v));
+    } else {
+      EXPECT_EQ(double(got), want) << hex(uint8_t(v));
+      EXPECT_EQ(std::signbit(got), v >= 128) << hex(uint8_t(v));  // -0 included
+    }
+  }
+  // Anchors of the format itself, not of the table above.
+  EXPECT_EQ(e4m3_to_float(0x7E), 448.f);
+  EXPECT_EQ(e4m3_to_float(0xFE), -448.f);
+  EXPECT_EQ(e4m3_to_float(0x38), 1.f);
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.f, -9));   // smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0x07), 7 * std::ldexp(1.f, -9));  // largest subnormal
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.f, -6));   // smallest normal
+  EXPECT_EQ(e4m3_to_float(0x77), 240.f);                 // e = 14: 1.875 * 2^7
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0xFF)));
+  EXPECT_EQ(kE4M3Max, 448.f);
+}
+
+// Every finite code encodes to itself, and encoding is monotone across all 256 decoded values.
+TEST(Fp8E4M3, EveryCodeRoundTrips) {
+  for (int v = 0; v < 256; ++v) {
+    if ((v & 0x7F) == 0x7F) continue;
+    EXPECT_EQ(float_to_e4m3(e4m3_to_float(uint8_t(v))), uint8_t(v)) << hex(uint8_t(v));
+  }
+}
+
+TEST(Fp8E4M3, RoundsTiesBoundariesSubnormalsAndSaturatesAsTheSlowReference) {
+  std::vector<float> xs;
+  // Each code, each midpoint of neighbours (exact ties: a float holds them) and one float ulp
+  // either side of both.
+  for (int v = 0; v < 0x7E; ++v) {
+    const double lo = e4m3_by_definition(uint8_t(v)), hi = e4m3_by_definition(uint8_t(v + 1));
+    for (double c : {lo, 0.5 * (lo + hi)}) {
+      const float f = float(c);
+      ASSERT_EQ(double(f), c);
+      xs.insert(xs.end(), {f, std::nextafter(f, 0.f), std::nextafter(f, 1e9f)});
+    }
+  }
+  // Saturation and the ends of the range: 448, the 448/480 tie (464), beyond, inf; half the
+  // smallest subnormal (ties to 0), float subnormals, the top of the subnormal range.
+  for (float f : {448.f, 449.f, 463.99f, 464.f, 464.01f, 480.f, 1e6f, FLT_MAX, std::numeric_limits<float>::infinity(),
+                  std::ldexp(1.f, -10), std::ldexp(1.f, -11), std::ldexp(3.f, -11), FLT_MIN, FLT_TRUE_MIN,
+                  std::ldexp(15.f, -10), std::ldexp(1.f, -6), 0.f}) {
+    xs.insert(xs.end(), {f, std::nextafter(f, 0.f), std::nextafter(f, std::numeric_limits<float>::infinity())});
+  }
+  // Random floats: uniform bit patterns over the interesting exponents, and fully random bits.
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<uint32_t> exp_bits(100, 140), mant(0, (1u << 23) - 1), any;
+  for (int i = 0; i < 200000; ++i) xs.push_back(bits_float((exp_bits(rng) << 23) | mant(rng)));
+  for (int i = 0; i < 50000; ++i) xs.push_back(bits_float(any(rng)));
+  int checked = 0;
+  for (float f : xs) {
+    for (float x : {f, -f}) {
+      const uint8_t got = float_to_e4m3(x), want = e4m3_slow(x);
+      if (std::isnan(x)) {
+        EXPECT_TRUE(std::isnan(e4m3_to_float(got))) << x;
+        continue;
+      }
+      ASSERT_EQ(got, want) << "x = " << x << " (bits " << std::hex << float_bits(x) << std::dec << "), seed " << seed;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 500000);
+  // Spot checks that pin the rounding rule itself (ties to even, not away).
+  EXPECT_EQ(float_to_e4m3(1.0625f), 0x38);   // 1 + 1/16: tie between 1 (m=0) and 1.125 (m=1) -> 1
+  EXPECT_EQ(float_to_e4m3(1.1875f), 0x3A);   // tie between 1.125 (m=1) and 1.25 (m=2) -> 1.25
+  EXPECT_EQ(float_to_e4m3(464.f), 0x7E);     // tie between 448 and 480 (NaN): 448
+  EXPECT_EQ(float_to_e4m3(-1e30f), 0xFE);    // saturates
+  EXPECT_EQ(float_to_e4m3(std::ldexp(1.f, -10)), 0x00);                    // tie to 0
+  EXPECT_EQ(float_to_e4m3(std::nextafter(std::ldexp(1.f, -10), 1.f)), 0x01);
+  EXPECT_EQ(float_to_e4m3(std::ldexp(3.f, -10)), 0x02);                    // 1.5 * 2^-9 ties to 2 * 2^-9
+  EXPECT_EQ(float_to_e4m3(-0.f), 0x80);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
+}
+
+// ---- Hadamard transform ------------------------------------------------------------------------
+
+std::vector<int8_t> signs_for(uint64_t seed, int n) {
+  std::vector<int8_t> s(static_cast<size_t>(n));
+  for (int c = 0; c < n; ++c) s[size_t(c)] = int8_t(hadamard_sign(seed, c));
+  return s;
+}
+
+// x' = M x with M[i][j] = (-1)^popcount(i & j) * signs[j] / sqrt(n), summed in long double.
+std::vector<double> hadamard_naive(const std::vector<double>& x, const std::vector<int8_t>& signs) {
+  const int n = int(x.size());
+  std::vector<double> y(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    long double acc = 0;
+    for (int j = 0; j < n; ++j) {
+      const int h = (std::bitset<16>(unsigned(i & j)).count() & 1) ? -1 : 1;
+      acc += (long double)(h * signs[size_t(j)]) * x[size_t(j)];
+    }
+    y[size_t(i)] = double(acc / std::sqrt((long double)n));
+  }
+  return y;
+}
+
+TEST(Fp8Hadamard, SupportedDims) {
+  for (int n : {16, 32, 64, 128, 256}) EXPECT_TRUE(hadamard_dim_supported(n)) << n;
+  for (int n : {-16, 0, 1, 2, 8, 24, 48, 96, 192, 255, 257, 512}) EXPECT_FALSE(hadamard_dim_supported(n)) << n;
+}
+
+TEST(Fp8Hadamard, SignsAreSeededAndBalanced) {
+  const uint64_t seed = fresh_seed();
+  const auto a = signs_for(seed, 256), again = signs_for(seed, 256), other = signs_for(seed ^ 0x9E3779B97F4A7C15ull, 256);
+  EXPECT_EQ(a, again);
+  EXPECT_NE(a, other) << "seed " << seed;
+  const int neg = int(std::count(a.begin(), a.end(), int8_t(-1)));
+  for (int8_t s : a) EXPECT_TRUE(s == 1 || s == -1);
+  // Binomial(256, 1/2): 128 +- 8 sd; outside [64, 192] is a 8-sigma event.
+  EXPECT_GT(neg, 64) << "seed " << seed;
+  EXPECT_LT(neg, 192) << "seed " << seed;
+  // Signs of the first 16 columns are the same whatever n: one sign per column, not per size.
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 16, signs_for(seed, 16).begin()));
+}
+
+TEST(Fp8Hadamard, IsTheOrthonormalMatrixForEverySize) {
+  const uint64_t seed = fresh_seed();
+  for (int n = 16; n <= 256; n *= 2) {
+    const auto signs = signs_for(seed, n);
+    const double inv = 1.0 / std::sqrt(double(n));
+    // Column j of the map is the transform of e_j; it must be H[:, j] * signs[j] / sqrt(n) exactly.
+    std::vector<std::vector<double>> cols(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      std::vector<double> e(size_t(n), 0.0);
+      e[size_t(j)] = 1.0;
+      hadamard_forward(e.data(), signs.data(), n, inv);
+      for (int i = 0; i < n; ++i) {
+        const int h = (std::bitset<16>(unsigned(i & j)).count() & 1) ? -1 : 1;
+        ASSERT_EQ(e[size_t(i)], h * signs[size_t(j)] * inv) << "n " << n << " (" << i << ", " << j << ")";
+      }
+      cols[size_t(j)] = e;
+    }
+    // M^T M = I.
+    double worst = 0;
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        double dot = 0;
+        for (int i = 0; i < n; ++i) dot += cols[size_t(a)][size_t(i)] * cols[size_t(b)][size_t(i)];
+        worst = std::max(worst, std::fabs(dot - (a == b ? 1.0 : 0.0)));
+      }
+    }
+    EXPECT_LT(worst, 1e-14) << "n " << n;
+  }
+}
+
+TEST(Fp8Hadamard, PreservesDotProductsAndInverts) {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  for (int n = 16; n <= 256; n *= 2) {
+    const auto signs = signs_for(seed + uint64_t(n), n);
+    const double inv = 1.0 / std::sqrt(double(n));
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<double> q(static_cast<size_t>(n)), k(static_cast<size_t>(n));
+      for (auto& v : q) v = normal(rng);
+      for (auto& v : k) v = normal(rng);
+      q[size_t(trial % n)] = 40.0;  // an outlier
+      auto tq = q, tk = k;
+      hadamard_forward(tq.data(), signs.data(), n, inv);
+      hadamard_forward(tk.data(), signs.data(), n, inv);
+      double dot = 0, tdot = 0, nq = 0, nk = 0;
+      for (int c = 0; c < n; ++c) {
+        dot += q[size_t(c)] * k[size_t(c)];
+        tdot += tq[size_t(c)] * tk[size_t(c)];
+        nq += q[size_t(c)] * q[size_t(c)];
+        nk += k[size_t(c)] * k[size_t(c)];
+      }
+      EXPECT_LE(std::fabs(dot - tdot), 1e-13 * std::sqrt(nq * nk)) << "n " << n << ", seed " << seed;
+      const auto naive = hadamard_naive(q, signs);
+      for (int c = 0; c < n; ++c) EXPECT_NEAR(tq[size_t(c)], naive[size_t(c)], 1e-13 * std::sqrt(nq));
+      hadamard_inverse(tq.data(), signs.data(), n, inv);
+      for (int c = 0; c < n; ++c) EXPECT_NEAR(tq[size_t(c)], q[size_t(c)], 1e-13 * std::sqrt(nq));
+    }
+  }
+}
+
+TEST(Fp8Hadamard, SpreadsAnOutlierEvenly) {
+  const uint64_t seed = fresh_seed();
+  for (int n = 16; n <= 256; n *= 2) {
+    const auto signs = signs_for(seed, n);
+    std::vector<double> x(size_t(n), 0.0);
+    x[size_t(n / 3)] = -1000.0;
+    hadamard_forward(x.data(), signs.data(), n, 1.0 / std::sqrt(double(n)));
+    for (int c = 0; c < n; ++c) EXPECT_DOUBLE_EQ(std::fabs(x[size_t(c)]), 1000.0 / std::sqrt(double(n))) << n;
+  }
+}
+
+// ---- the quantizer through the C ABI --------------------------------------------------------
+
+// E4M3 codes [b, s, h, d], padded (a stride gap after each head and row) and poisoned, so a write
+// outside the view shows.
+struct Fp8Buffer {
+  static constexpr uint8_t kPoison = 0x5A;
+  int64_t shape[4], stride[4];
+  std::vector<uint8_t> bytes;
+  Fp8Buffer(int64_t b, int64_t s, int64_t h, int64_t d) {
+    const int64_t sh[4] = {b, s, h, d};
+    std::memcpy(shape, sh, sizeof(shape));
+    stride[3] = 1;
+    stride[2] = d + 3;
+    stride[1] = h * stride[2] + 5;
+    stride[0] = s * stride[1] + 7;
+    bytes.assign(size_t(std::max<int64_t>(1, b * stride[0])), kPoison);
+  }
+  uint8_t& at(int64_t b, int64_t s, int64_t h, int64_t c) { return bytes[size_t(b * stride[0] + s * stride[1] + h * stride[2] + c)]; }
+  flashattn_tensor view() {
+    flashattn_tensor t;
+    t.data = bytes.data();
+    std::memcpy(t.shape, shape, sizeof(shape));
+    std::memcpy(t.stride, stride, sizeof(stride));
+    return t;
+  }
+  // Bytes outside the view that changed.
+  int64_t padding_writes() const {
+    std::vector<char> inside(bytes.size(), 0);
+    for (int64_t b = 0; b < shape[0]; ++b)
+      for (int64_t s = 0; s < shape[1]; ++s)
+        for (int64_t h = 0; h < shape[2]; ++h)
+          for (int64_t c = 0; c < shape[3]; ++c) inside[size_t(b * stride[0] + s * stride[1] + h * stride[2] + c)] = 1;
+    int64_t n = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) n += !inside[i] && bytes[i] != kPoison;
+    return n;
+  }
+};
+
+struct QuantCase {
+  int64_t b, s, h, d;
+  int block;
+  flashattn_dtype dtype;
+  Layout layout;
+  bool hadamard;
+};
+
+std::string str(const QuantCase& c) {
+  return "[" + std::to_string(c.b) + "," + std::to_string(c.s) + "," + std::to_string(c.h) + "," + std::to_string(c.d) +
+         "] block " + std::to_string(c.block) + " " + dtype_str(c.dtype) + " " + layout_str(c.layout) +
+         (c.hadamard ? " hadamard" : "");
+}
+
+int64_t nblocks(int64_t s, int64_t block) { return (s + block - 1) / block; }
+
+flashattn_fp8_quantize_params fp8_params(HostTensor& x, Fp8Buffer& q, std::vector<float>& scales, int block,
+                                         bool hadamard, uint64_t seed) {
+  flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  p.dtype = x.dtype;
+  p.x = x.view();
+  p.x_fp8 = q.view();
+  p.scales = scales.data();
+  p.block_size = block;
+  p.hadamard = hadamard;
+  p.hadamard_seed = seed;
+  return p;
+}
+
+// The expected quantization, recomputed naively: row transform (naive matrix product in fp64,
+// rounded to fp32), block amax over finite values, scale, codes by the slow reference. Checks
+// `scales` and `q` against it; returns the transformed rows [b, s, h, d] for the error checks.
+std::vector<float> check_quantized(const QuantCase& c, const HostTensor& x, Fp8Buffer& q,
+                                   const std::vector<float>& scales, uint64_t seed, const std::string& what) {
+  const auto signs = c.hadamard ? signs_for(seed, int(c.d)) : std::vector<int8_t>();
+  std::vector<float> xt(size_t(c.b * c.s * c.h * c.d));
+  auto xt_at = [&](int64_t b, int64_t s, int64_t h, int64_t k) -> float& {
+    return xt[size_t(((b * c.s + s) * c.h + h) * c.d + k)];
+  };
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t s = 0; s < c.s; ++s)
+      for (int64_t h = 0; h < c.h; ++h) {
+        std::vector<double> row(size_t(c.d));
+        for (int64_t k = 0; k < c.d; ++k) row[size_t(k)] = x.get(b, s, h, k);
+        if (c.hadamard) row = hadamard_naive(row, signs);
+        for (int64_t k = 0; k < c.d; ++k) xt_at(b, s, h, k) = float(row[size_t(k)]);
+      }
+  const int64_t nb = nblocks(c.s, c.block);
+  int bad = 0;
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        const int64_t s0 = blk * c.block, s1 = std::min(c.s, s0 + c.block);
+        float amax = 0;
+        for (int64_t s = s0; s < s1; ++s)
+          for (int64_t k = 0; k < c.d; ++k) {
+            const float a = std::fabs(xt_at(b, s, h, k));
+            if (std::isfinite(a)) amax = std::max(amax, a);
+          }
+        const float scale = amax == 0 ? 1.f : std::max(amax / 448.f, FLT_MIN);
+        const float got_scale = scales[size_t((b * c.h + h) * nb + blk)];
+        // The transform's last bits may differ between the fast and the naive product.
+        const double scale_tol = c.hadamard ? 4e-7 * scale : 0.0;
+        if (!(std::fabs(got_scale - scale) <= scale_tol)) {
+          ADD_FAILURE() << what << ": scale (" << b << ", " << h << ", block " << blk << ") " << got_scale << ", expected "
+                        << scale;
+          if (++bad > 10) return xt;
+        }
+        for (int64_t s = s0; s < s1; ++s)
+          for (int64_t k = 0; k < c.d; ++k) {
+            const float qv = xt_at(b, s, h, k) / scale;
+            const uint8_t got = q.at(b, s, h, k), want = e4m3_slow(qv);
+            bool ok = got == want || (std::isnan(qv) && (got & 0x7F) == 0x7F);
+            if (!ok && c.hadamard && !std::isnan(qv)) {
+              // A last-bit difference in x' can only matter next to a rounding midpoint.
+              const double dg = std::fabs(e4m3_to_float(got) - double(qv)), dw = std::fabs(e4m3_to_float(want) - double(qv));
+              ok = dg <= dw + 1e-5 * std::fabs(double(qv));
+            }
+            if (!ok) {
+              ADD_FAILURE() << what << ": code (" << b << ", " << s << ", " << h << ", " << k << ") " << hex(got)
+                            << ", expected " << hex(want) << " for x'/scale = " << qv;
+              if (++bad > 10) return xt;
+            }
+          }
+      }
+  return xt;
+}
+
+TEST(Fp8Quantize, MatchesTheNaiveQuantizerAndItsErrorBound) {
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<QuantCase> cases = {
+      {2, 1, 3, 64, 128, FLASHATTN_DTYPE_FP16, Layout::kContiguous, false},
+      {1, 7, 2, 32, 128, FLASHATTN_DTYPE_BF16, Layout::kPadded, true},
+      {2, 113, 2, 64, 16, FLASHATTN_DTYPE_FP32, Layout::kHeadMajor, false},
+      {1, 113, 3, 128, 1, FLASHATTN_DTYPE_FP16, Layout::kPadded, true},
+      {1, 799, 2, 64, 128, FLASHATTN_DTYPE_BF16, Layout::kContiguous, true},   // 799 = 6 * 128 + 31
+      {1, 799, 1, 16, 100, FLASHATTN_DTYPE_FP32, Layout::kHeadMajor, false},  // 100 does not divide 799
+      {2, 300, 2, 256, 1000, FLASHATTN_DTYPE_FP16, Layout::kContiguous, true}, // block >= seqlen: per (b, h)
+      {1, 40, 2, 24, 8, FLASHATTN_DTYPE_FP64, Layout::kPadded, false},        // any headdim without the transform
+  };
+  for (const QuantCase& c : cases) {
+    const std::string what = str(c) + ", seed " + std::to_string(seed);
+    HostTensor x(c.dtype, c.b, c.s, c.h, c.d, c.layout);
+    // Rows of very different magnitude so per-block scales differ, and outliers.
+    std::normal_distribution<double> normal;
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t s = 0; s < c.s; ++s)
+        for (int64_t h = 0; h < c.h; ++h) {
+          const double mag = std::ldexp(1.0, int((b * 7 + s / std::max(1, c.block) * 5 + h * 3) % 17) - 8);
+          for (int64_t k = 0; k < c.d; ++k) x.set(b, s, h, k, mag * normal(rng));
+        }
+    for (int o = 0; o < 1 + int(c.b * c.s * c.h / 50); ++o)
+      x.set(int64_t(rng() % uint64_t(c.b)), int64_t(rng() % uint64_t(c.s)), int64_t(rng() % uint64_t(c.h)),
+            int64_t(rng() % uint64_t(c.d)), (rng() & 1 ? 1 : -1) * 300.0);
+    Fp8Buffer q(c.b, c.s, c.h, c.d);
+    const int64_t nb = nblocks(c.s, c.block);
+    std::vector<float> scales(size_t(c.b * c.h * nb), std::numeric_limits<float>::quiet_NaN());
+    const uint64_t tseed = rng();
+    flashattn_fp8_quantize_params p = fp8_params(x, q, scales, c.block, c.hadamard, tseed);
+    ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << what << ": " << flashattn_last_error();
+    EXPECT_EQ(q.padding_writes(), 0) << what;
+    const std::vector<float> xt = check_quantized(c, x, q, scales, tseed, what);
+
+    // Each block's largest |x'| lands on +-448 (the scale's purpose).
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t h = 0; h < c.h; ++h)
+        for (int64_t blk = 0; blk < nb; ++blk) {
+          int at_max = 0;
+          for (int64_t s = blk * c.block; s < std::min(c.s, (blk + 1) * c.block); ++s)
+            for (int64_t k = 0; k < c.d; ++k) at_max += (q.at(b, s, h, k) & 0x7F) == 0x7E;
+          EXPECT_GE(at_max, 1) << what << ": block (" << b << ", " << h << ", " << blk << ")";
+        }
+
+    // Dequantize to fp32 and bound the error. In x' (the transformed values) each element is off by
+    // at most half an E4M3 step times the scale: 2^-4 |x'| where |x'| >= 2^-6 scale (3 mantissa
+    // bits), 2^-10 scale below (subnormal step 2^-9), plus fp32 rounding of x'/scale (2^-24
+    // relative, folded into the factor 1 + 2^-20). The transform is orthogonal, so in x the row's
+    // L2 error is bounded by the L2 norm of those per-element bounds (+ fp32 output rounding).
+    HostTensor back(FLASHATTN_DTYPE_FP32, c.b, c.s, c.h, c.d, Layout::kPadded);
+    back.fill_nan();
+    flashattn_fp8_quantize_params pd = p;
+    pd.dtype = FLASHATTN_DTYPE_FP32;
+    pd.x = back.view();
+    ASSERT_EQ(flashattn_fp8_dequantize(&pd, nullptr), FLASHATTN_SUCCESS) << what << ": " << flashattn_last_error();
+    EXPECT_EQ(back.padding_writes(), 0) << what;
+    int bad = 0;
+    for (int64_t b = 0; b < c.b && bad < 10; ++b)
+      for (int64_t s = 0; s < c.s && bad < 10; ++s)
+        for (int64_t h = 0; h < c.h && bad < 10; ++h) {
+          const double scale = scales[size_t((b * c.h + h) * nb + s / c.block)];
+          double bound2 = 0, err2 = 0, norm2 = 0;
+          for (int64_t k = 0; k < c.d; ++k) {
+            const double xp = xt[size_t(((b * c.s + s) * c.h + h) * c.d + k)];
+            const double elem_bound = std::max(std::ldexp(std::fabs(xp), -4), std::ldexp(scale, -10)) * (1 + 0x1p-20);
+            const double orig = x.get(b, s, h, k), got = back.get(b, s, h, k);
+            if (!c.hadamard && !(std::fabs(got - orig) <= elem_bound + std::ldexp(std::fabs(orig), -24))) {
+              ADD_FAILURE() << what << ": element (" << b << ", " << s << ", " << h << ", " << k << ") " << got
+                            << " vs " << orig << ", bound " << elem_bound;
+              ++bad;
+            }
+            bound2 += elem_bound * elem_bound;
+            err2 += (got - orig) * (got - orig);
+            norm2 += orig * orig;
+          }
+          if (!(std::sqrt(err2) <= std::sqrt(bound2) + 1e-6 * std::sqrt(norm2))) {
+            ADD_FAILURE() << what << ": row (" << b << ", " << s << ", " << h << ") L2 error " << std::sqrt(err2)
+                          << " > bound " << std::sqrt(bound2);
+            ++bad;
+          }
+        }
+  }
+}
+
+TEST(Fp8Quantize, HadamardShrinksTheScaleOfAnOutlierBlock) {
+  // One token of the block holds an entry 10^5 times its neighbours': it sets the block's scale,
+  // and without the transform the other tokens fall to E4M3 subnormals (x / scale < 2^-6), where
+  // the step is absolute. The transform spreads the entry over the row (amax / sqrt(128)), the
+  // scale drops by ~sqrt(128), and the other tokens' scores through FP8 get much closer to exact.
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t S = 64, D = 128;
+  HostTensor q(FLASHATTN_DTYPE_FP32, 1, S, 1, D), k(FLASHATTN_DTYPE_FP32, 1, S, 1, D);
+  q.fill_random(rng, 1.0, 0);
+  k.fill_random(rng, 1.0, 0);
+  q.set(0, 0, 0, int64_t(rng() % D), 1e5);
+  double err[2] = {0, 0}, scale[2] = {0, 0};
+  for (int had = 0; had < 2; ++had) {
+    Fp8Buffer fq(1, S, 1, D), fk(1, S, 1, D);
+    std::vector<float> sq(1), sk(1);
+    auto pq = fp8_params(q, fq, sq, 128, had, seed), pk = fp8_params(k, fk, sk, 128, had, seed);
+    ASSERT_EQ(flashattn_fp8_quantize(&pq, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(flashattn_fp8_quantize(&pk, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    scale[had] = sq[0];
+    // Scores of the tokens other than the outlier's, from the FP8 values (in the transformed space
+    // when had = 1: the same scores), against the exact ones.
+    for (int64_t i = 1; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) {
+        double exact = 0, fp8 = 0;
+        for (int64_t c = 0; c < D; ++c) {
+          exact += q.get(0, i, 0, c) * k.get(0, j, 0, c);
+          fp8 += double(e4m3_to_float(fq.at(0, i, 0, c))) * sq[0] * double(e4m3_to_float(fk.at(0, j, 0, c))) * sk[0];
+        }
+        err[had] += (fp8 - exact) * (fp8 - exact);
+      }
+  }
+  EXPECT_NEAR(scale[1] * std::sqrt(double(D)), scale[0], 0.05 * scale[0]) << "seed " << seed;
+  EXPECT_LT(err[1], 0.25 * err[0]) << "seed " << seed << ": squared score error " << err[1] << " with the transform, "
+                                  << err[0] << " without";
+}
+
+TEST(Fp8Quantize, NonFiniteZeroAndTinyBlocks) {
+  const int64_t S = 12, D = 16;
+  const int block = 4;  // blocks: rows 0-3 (NaN, inf), 4-7 (zeros), 8-11 (tiny)
+  for (int had = 0; had < 2; ++had) {
+    std::mt19937_64 rng(fresh_seed());
+    HostTensor x(FLASHATTN_DTYPE_FP32, 1, S, 1, D);
+    x.fill_random(rng);
+    x.set(0, 1, 0, 3, NAN);
+    x.set(0, 2, 0, 5, -INFINITY);
+    for (int64_t s = 4; s < 8; ++s)
+      for (int64_t c = 0; c < D; ++c) x.set(0, s, 0, c, 0.0);
+    for (int64_t s = 8; s < 12; ++s)
+      for (int64_t c = 0; c < D; ++c) x.set(0, s, 0, c, std::ldexp(double(c % 3) - 1.0, -140));  // fp32 subnormals
+    Fp8Buffer q(1, S, 1, D);
+    std::vector<float> scales(3, -1.f);
+    auto p = fp8_params(x, q, scales, block, had, 7);
+    ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    // Block 0: the scale comes from the finite values; NaN stays NaN, -inf saturates (without the
+    // transform; with it, the whole row holding NaN or inf is non-finite, the other rows are fine).
+    float amax = 0;
+    for (int64_t s = 0; s < 4; ++s)
+      for (int64_t c = 0; c < D; ++c)
+        if (std::isfinite(x.get(0, s, 0, c))) amax = std::max(amax, float(std::fabs(x.get(0, s, 0, c))));
+    EXPECT_TRUE(std::isfinite(scales[0]) && scales[0] > 0) << scales[0];
+    if (!had) {
+      EXPECT_EQ(scales[0], amax / 448.f);
+      EXPECT_EQ(q.at(0, 1, 0, 3) & 0x7F, 0x7F);
+      EXPECT_EQ(q.at(0, 2, 0, 5), 0xFE);
+    } else {
+      for (int64_t c = 0; c < D; ++c) EXPECT_EQ(q.at(0, 1, 0, c) & 0x7F, 0x7F) << c;  // NaN spreads over its row
+    }
+    for (int64_t s : {0, 3})
+      for (int64_t c = 0; c < D; ++c) EXPECT_NE(q.at(0, s, 0, c) & 0x7F, 0x7F) << s << ", " << c;
+    // Block 1: all zeros -> scale 1, codes 0.
+    EXPECT_EQ(scales[1], 1.f);
+    for (int64_t s = 4; s < 8; ++s)
+      for (int64_t c = 0; c < D; ++c) EXPECT_EQ(q.at(0, s, 0, c) & 0x7F, 0) << s << ", " << c;
+    // Block 2: amax / 448 underflows below FLT_MIN -> FLT_MIN, codes finite.
+    EXPECT_EQ(scales[2], FLT_MIN);
+    for (int64_t s = 8; s < 12; ++s)
+      for (int64_t c = 0; c < D; ++c) EXPECT_NE(q.at(0, s, 0, c) & 0x7F, 0x7F);
+  }
+}
+
+TEST(Fp8Quantize, ResultDoesNotDependOnThreadCount) {
+  std::mt19937_64 rng(fresh_seed());
+  HostTensor x(FLASHATTN_DTYPE_BF16, 2, 300, 4, 128);  // past the single-thread threshold
+  x.fill_random(rng);
+  std::vector<uint8_t> first;
+  std::vector<float> first_scales;
+  for (int threads : {1, 2, 3}) {
+    Fp8Buffer q(2, 300, 4, 128);
+    std::vector<float> scales(size_t(2 * 4 * 3));
+    auto p = fp8_params(x, q, scales, 128, true, 99);
+    p.options.num_threads = threads;
+    ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    if (first.empty()) {
+      first = q.bytes;
+      first_scales = scales;
+    } else {
+      EXPECT_EQ(q.bytes, first) << threads << " threads";
+      EXPECT_EQ(scales, first_scales) << threads << " threads";
+    }
+  }
+}
+
+TEST(Fp8Quantize, EmptyShapes) {
+  // seqlen 0: no blocks, nothing read or written (NULL pointers are fine).
+  flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  p.dtype = FLASHATTN_DTYPE_FP16;
+  const int64_t shape[4] = {2, 0, 3, 64};
+  std::memcpy(p.x.shape, shape, sizeof(shape));
+  std::memcpy(p.x_fp8.shape, shape, sizeof(shape));
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  EXPECT_EQ(flashattn_fp8_dequantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  // headdim 0: blocks with no values get scale 1.
+  p.x.shape[1] = p.x_fp8.shape[1] = 5;
+  p.x.shape[3] = p.x_fp8.shape[3] = 0;
+  p.block_size = 2;
+  std::vector<float> scales(2 * 3 * 3, -1.f);
+  p.scales = scales.data();
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  for (float s : scales) EXPECT_EQ(s, 1.f);
+}
+
+TEST(Fp8Quantize, ParamsInitDefaults) {
+  const flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  EXPECT_EQ(p.struct_size, sizeof(flashattn_fp8_quantize_params));
+  EXPECT_EQ(p.dtype, FLASHATTN_DTYPE_BF16);
+  EXPECT_EQ(p.block_size, 128);
+  EXPECT_EQ(p.hadamard, 0);
+  EXPECT_EQ(p.x.stride[3], 1);
+  EXPECT_EQ(p.x_fp8.stride[3], 1);
+  EXPECT_EQ(p.options.device, -1);
+  EXPECT_EQ(p.options.backend, FLASHATTN_BACKEND_AUTO);
+  EXPECT_EQ(p.scales, nullptr);
+}
+
+// Every refusal names its field, in both directions; the valid params succeed.
+TEST(Fp8Quantize, ValidationNamesTheField) {
+  std::mt19937_64 rng(fresh_seed());
+  HostTensor x(FLASHATTN_DTYPE_FP32, 1, 9, 2, 32);
+  x.fill_random(rng);
+  Fp8Buffer q(1, 9, 2, 32);
+  std::vector<float> scales(2 * 3 + 1);
+  using Mutate = std::function<void(flashattn_fp8_quantize_params&)>;
+  struct Bad {
+    const char* field;
+    flashattn_status status;
+    Mutate mutate;
+  };
+  const Bad bads[] = {
+      {"params.struct_size", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.struct_size -= 8; }},
+      {"options.backend", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.options.backend = flashattn_backend(17); }},
+      {"options.device", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.options.device = -2; }},
+      {"options.device", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.options.backend = FLASHATTN_BACKEND_SM90; }},
+      {"options.num_threads", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.options.num_threads = -1; }},
+      {"dtype", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.dtype = flashattn_dtype(0); }},
+      {"dtype", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.dtype = FLASHATTN_DTYPE_FP8_E4M3; }},
+      {"x.shape[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x.shape[1] = p.x_fp8.shape[1] = -1; }},
+      {"x_fp8.shape[2]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x_fp8.shape[2] = 3; }},
+      {"x.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x.stride[3] = 2; }},
+      {"x.stride[0]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x.stride[0] = -5; }},
+      {"x_fp8.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x_fp8.stride[3] = 0; }},
+      {"x_fp8.stride[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x_fp8.stride[1] = -1; }},
+      {"block_size", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.block_size = 0; }},
+      {"block_size", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.block_size = -128; }},
+      {"hadamard", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.hadamard = 2; }},
+      {"hadamard", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) {  // headdim 24 is no power of two
+         p.hadamard = 1;
+         p.x.shape[3] = p.x_fp8.shape[3] = 24;
+       }},
+      {"x.data", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x.data = nullptr; }},
+      {"x.data", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x.data = static_cast<char*>(p.x.data) + 2; }},
+      {"x_fp8.data", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x_fp8.data = nullptr; }},
+      {"scales", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.scales = nullptr; }},
+      {"scales", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.scales = reinterpret_cast<float*>(reinterpret_cast<char*>(p.scales) + 1); }},
+      {"options.device", FLASHATTN_ERROR_NOT_SUPPORTED, [](auto& p) { p.options.device = 0; }},
+  };
+  for (int dir = 0; dir < 2; ++dir) {
+    auto call = [&](const flashattn_fp8_quantize_params* p) {
+      return dir == 0 ? flashattn_fp8_quantize(p, nullptr) : flashattn_fp8_dequantize(p, nullptr);
+    };
+    const flashattn_fp8_quantize_params good = fp8_params(x, q, scales, 4, false, 0);
+    ASSERT_EQ(call(&good), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_STREQ(flashattn_last_error(), "");
+    EXPECT_EQ(call(nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(flashattn_last_error()).find("params"), std::string::npos);
+    for (const Bad& bad : bads) {
+      flashattn_fp8_quantize_params p = good;
+      bad.mutate(p);
+      EXPECT_EQ(call(&p), bad.status) << (dir ? "dequantize " : "quantize ") << bad.field << ": " << flashattn_last_error();
+      const std::string msg = flashattn_last_error();
+      EXPECT_EQ(msg.rfind(bad.field, 0), 0u) << "message should start with " << bad.field << ": " << msg;
+    }
+  }
+  // The GPU refusal says what is missing.
+  flashattn_fp8_quantize_params p = fp8_params(x, q, scales, 4, false, 0);
+  p.options.device = 0;
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(flashattn_last_error()).find("not implemented yet"), std::string::npos) << flashattn_last_error();
+}
+
+}  // namespace
+}  // namespace flashattn::test
