@@ -223,17 +223,8 @@ def _build(case, dtype):
     return kw
 
 
-# C-side bug (src/api/validate.cpp, check_kv_cache): for a fixed-length paged call WITHOUT k/v, the check takes the
-# sequence's rows as min(capacity, k.shape[1]) = the page size, so any cache_seqlens[b] > page_block_size is refused
-# ("kv_cache.seqlens[b]: N is outside [0, page_size]"), although the paths (KvCache::end_row) read up to
-# max_pages * page_size rows. With k/v the limit is right (capacity - seqlen_new).
-_PAGED_READ_BUG = pytest.mark.xfail(strict=True, raises=ValueError,
-                                    reason="C validation bug: paged read-only cache_seqlens bounded by the page size")
-_XFAIL = {"paged16_read_only_beyond_a_page": _PAGED_READ_BUG}
-
-
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_XFAIL[n]) if n in _XFAIL else n for n in CASES])
+@pytest.mark.parametrize("name", list(CASES))
 def test_with_kvcache_matches_reference(name, dtype):
     kw = _build(CASES[name], dtype)
     before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
@@ -462,9 +453,8 @@ def test_errors_name_the_argument(name, paged, mutate, exc, match):
     assert torch.equal(args["k_cache"], before)  # a refused call writes nothing
 
 
-@_PAGED_READ_BUG
 def test_paged_read_only_beyond_the_first_page():
-    """The minimal case of the C validation bug above: 5 cached rows in pages of 4, nothing appended."""
+    """5 cached rows in pages of 4, nothing appended (validation once bounded the rows by the page size)."""
     q, kc, vc = rand(1, 1, 2, 16), rand(3, 4, 2, 16), rand(3, 4, 2, 16)
     out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=_i32(5), block_table=_i32(2, 0).view(1, 2))
     o64 = kvcache_ref(q, kc, vc, cache_seqlens=_i32(5), block_table=_i32(2, 0).view(1, 2))[0]
@@ -481,9 +471,6 @@ def test_paged_without_cache_seqlens_reads_the_whole_capacity():
     check("lse", lse, llp, l64, torch.float32)
 
 
-@pytest.mark.xfail(strict=True, reason="C validation bug: without cache_seqlens, a paged call's block table is "
-                                       "checked for the first page only (the rows are bounded by the page size), "
-                                       "the paths read every page and clamp a bad index silently")
 def test_paged_without_cache_seqlens_checks_every_page():
     q, kc, vc = rand(2, 1, 2, 16), rand(5, 4, 2, 16), rand(5, 4, 2, 16)
     bt = _i32(2, 0, 4, 1, 3, 99).view(2, 3)
@@ -553,7 +540,6 @@ def test_opcheck_ops():
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache_append.default,
                           (q, kc, vc, k, v, cos, sin, sl, None, _i32(1, 0), table, None, 0.25, True, -1, 0, 0.0, True,
                            0, True, auto))
-    # cache_seqlens within the first page (_PAGED_READ_BUG refuses more without k/v).
     torch.library.opcheck(torch.ops.flashattn.fwd_kvcache.default,
                           (q, kc, vc, _i32(3, 4), None, None, table, None, None, None, 0, 0, 0.25, False, -1, -1, 0.0,
                            0, False, auto))
