@@ -194,9 +194,10 @@ typedef struct flashattn_fwd_params {
   int64_t alibi_batch_stride;
   /* Appended for inference (read only when struct_size covers them). */
   flashattn_kv_cache kv_cache; /* KV cache / paged KV / append / rotary; zero = off */
-  int32_t num_splits;          /* split-KV: 0 = the path's heuristic, 1 = never split, n > 1 = at most
-                                  n key ranges merged as flashattn_combine does (CUDA paths; the host
-                                  paths never split: the value changes no result, only rounding) */
+  int32_t num_splits;          /* split-KV: 0 = the path's heuristic, 1 = never split, n > 1 = n key
+                                  ranges (fewer if the keys have fewer blocks) merged as
+                                  flashattn_combine does. CUDA paths, KV-cache calls; the host paths
+                                  never split: the value changes no result, only rounding */
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {

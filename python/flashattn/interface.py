@@ -427,8 +427,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q)) with
     return_softmax_lse=True. No autograd, as flash_attn's: the outputs never require grad.
-    CPU tensors run the host paths (fp16/bf16/fp32/fp64); the CUDA paths do not implement the KV cache yet and
-    raise NotImplementedError naming the field (nothing falls back silently).
+    CPU tensors run the host paths (fp16/bf16/fp32/fp64); CUDA tensors (fp16/bf16) the sm80 path's KV-cache
+    kernel (on Hopper too), with split-KV; see python/README.md.
     """
     _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
     device = q.device

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <type_traits>
 
 #include "api/backend.h"
 #include "common/error.h"
@@ -84,80 +85,70 @@ flashattn_status check_device() {
   return FLASHATTN_SUCCESS;
 }
 
-template <typename Element>
-flashattn_status fwd_typed(const FwdParams& p, cudaStream_t stream) {
-  switch (kernel_headdim(p.shape.headdim)) {
+// Calls fn(std::integral_constant<int, D>) for the compiled kernel head dim D of `headdim`.
+template <typename Fn>
+flashattn_status with_kernel_headdim(flashattn_dtype dtype, int headdim, Fn&& fn) {
+  switch (kernel_headdim(headdim)) {
 #if defined(FLASHATTN_SM80_HDIM_32)
-    case 32: return run_fwd<Element, 32>(p, stream);
+    case 32: return fn(std::integral_constant<int, 32>{});
 #endif
 #if defined(FLASHATTN_SM80_HDIM_64)
-    case 64: return run_fwd<Element, 64>(p, stream);
+    case 64: return fn(std::integral_constant<int, 64>{});
 #endif
 #if defined(FLASHATTN_SM80_HDIM_96)
-    case 96: return run_fwd<Element, 96>(p, stream);
+    case 96: return fn(std::integral_constant<int, 96>{});
 #endif
 #if defined(FLASHATTN_SM80_HDIM_128)
-    case 128: return run_fwd<Element, 128>(p, stream);
+    case 128: return fn(std::integral_constant<int, 128>{});
 #endif
 #if defined(FLASHATTN_SM80_HDIM_192)
-    case 192: return run_fwd<Element, 192>(p, stream);
+    case 192: return fn(std::integral_constant<int, 192>{});
 #endif
 #if defined(FLASHATTN_SM80_HDIM_256)
-    case 256: return run_fwd<Element, 256>(p, stream);
+    case 256: return fn(std::integral_constant<int, 256>{});
 #endif
     default: break;
   }
-  return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", unsupported(p.dtype, p.shape.headdim));
+  return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", unsupported(dtype, headdim));
 }
 
-template <typename Element>
-flashattn_status bwd_typed(const BwdParams& p, void* ws, cudaStream_t stream) {
-  switch (kernel_headdim(p.shape.headdim)) {
-#if defined(FLASHATTN_SM80_HDIM_32)
-    case 32: return run_bwd<Element, 32>(p, ws, stream);
-#endif
-#if defined(FLASHATTN_SM80_HDIM_64)
-    case 64: return run_bwd<Element, 64>(p, ws, stream);
-#endif
-#if defined(FLASHATTN_SM80_HDIM_96)
-    case 96: return run_bwd<Element, 96>(p, ws, stream);
-#endif
-#if defined(FLASHATTN_SM80_HDIM_128)
-    case 128: return run_bwd<Element, 128>(p, ws, stream);
-#endif
-#if defined(FLASHATTN_SM80_HDIM_192)
-    case 192: return run_bwd<Element, 192>(p, ws, stream);
-#endif
-#if defined(FLASHATTN_SM80_HDIM_256)
-    case 256: return run_bwd<Element, 256>(p, ws, stream);
-#endif
-    default: break;
-  }
-  return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", unsupported(p.dtype, p.shape.headdim));
+// ... and for the element type too: fn(Element{}, integral_constant<int, D>{}).
+template <typename Fn>
+flashattn_status with_kernel(flashattn_dtype dtype, int headdim, Fn&& fn) {
+  return with_kernel_headdim(dtype, headdim, [&](auto d) {
+    return dtype == FLASHATTN_DTYPE_FP16 ? fn(cutlass::half_t{}, d) : fn(cutlass::bfloat16_t{}, d);
+  });
 }
 
 const char* fwd_unsupported(const FwdParams& p) {
-  if (p.kv.enabled()) {
-    static thread_local char msg[128];
-    std::snprintf(msg, sizeof(msg), "%s: the KV cache is not implemented on sm80 yet (host paths: cpu, reference)",
-                  p.kv.field_in_use());
-    return msg;
-  }
   return unsupported(p.dtype, p.shape.headdim);
 }
 const char* bwd_unsupported(const BwdParams& p) { return unsupported(p.dtype, p.shape.headdim); }
-size_t fwd_workspace(const FwdParams&) { return 0; }
+size_t fwd_workspace(const FwdParams& p) {
+  if (!p.kv.enabled() || unsupported(p.dtype, p.shape.headdim) != nullptr) return 0;
+  size_t bytes = 0;
+  with_kernel(p.dtype, p.shape.headdim, [&](auto e, auto d) {
+    bytes = kv_workspace<decltype(e), decltype(d)::value>(p);
+    return FLASHATTN_SUCCESS;
+  });
+  clear_error();  // a failed size query reports 0; the call itself reports the failure
+  return bytes;
+}
 size_t bwd_workspace(const BwdParams& p) {
   const int kd = kernel_headdim(p.shape.headdim);
   return kd > 0 ? bwd_workspace_layout(p, kd).total : 0;
 }
 
-flashattn_status fwd(const FwdParams& p, void* /*workspace*/, void* stream) {
+flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   if (const char* why = fwd_unsupported(p)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
   flashattn_status s = check_device();
   if (s != FLASHATTN_SUCCESS) return s;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  return p.dtype == FLASHATTN_DTYPE_FP16 ? fwd_typed<cutlass::half_t>(p, st) : fwd_typed<cutlass::bfloat16_t>(p, st);
+  return with_kernel(p.dtype, p.shape.headdim, [&](auto e, auto d) {
+    using Element = decltype(e);
+    constexpr int D = decltype(d)::value;
+    return p.kv.enabled() ? run_fwd_kv<Element, D>(p, workspace, st) : run_fwd<Element, D>(p, st);
+  });
 }
 
 flashattn_status bwd(const BwdParams& p, void* workspace, void* stream) {
@@ -166,8 +157,9 @@ flashattn_status bwd(const BwdParams& p, void* workspace, void* stream) {
   if (s != FLASHATTN_SUCCESS) return s;
   if (workspace == nullptr) return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm80 backward needs one");
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  return p.dtype == FLASHATTN_DTYPE_FP16 ? bwd_typed<cutlass::half_t>(p, workspace, st)
-                                         : bwd_typed<cutlass::bfloat16_t>(p, workspace, st);
+  return with_kernel(p.dtype, p.shape.headdim, [&](auto e, auto d) {
+    return run_bwd<decltype(e), decltype(d)::value>(p, workspace, st);
+  });
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "common/score_mods.h"
 #include "common/params.h"
 #include "common/softmax.h"
+#include "common/split_kv.h"
 #include "sm80/kernel_traits.h"
 #include "sm80/utils.h"
 
@@ -21,8 +22,12 @@ namespace flashattn::sm80 {
 // up to this kernel) the K/V copies predicate their columns; in the same kernel that predicate
 // code pushed hdim 256 into ~1900 spill instructions (11 TFLOP/s on an H100), so it is a kernel
 // of its own.
-template <typename Kt, bool kAllCols>
-__global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p) {
+// kKvCache: the forward over a KV cache (common/kv_cache.h): keys gathered row by row through the
+// cache's addressing (paged or contiguous), sequences' key ranges from the cache lengths, and
+// split-KV: blockIdx.z = batch * num_splits + split, each split writing fp32 partial results that
+// the combine kernel merges. A kernel of its own, so the plain forward keeps its registers.
+template <typename Kt, bool kAllCols, bool kKvCache = false>
+__global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p, const SplitKv split) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
@@ -40,23 +45,53 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
     if (p.mask.window_right >= 0 && p.mask.window_left < 0) m_block = int(gridDim.x) - 1 - m_block;
   }
   const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const SeqBounds sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  const int b = kKvCache ? int(blockIdx.z) / split.num_splits : int(blockIdx.z);
+  const int split_idx = kKvCache ? int(blockIdx.z) % split.num_splits : 0;
+  SeqBounds sb;
+  if constexpr (kKvCache) {
+    sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
+  } else {
+    sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
+  }
   const int m0 = m_block * kBlockM;
   if (m0 >= sb.seqlen_q) return;
   const Mask mask = make_mask(p.mask, sb);
   const int hk = p.shape.kv_head(h);
   int n_begin = 0, n_end = 0;
   mask.key_block_range(m0, kBlockM, kBlockN, &n_begin, &n_end);
+  if constexpr (kKvCache) {  // this split's share of the sequence's key blocks
+    const int per_split = split.blocks_per_split((sb.seqlen_k + kBlockN - 1) / kBlockN);
+    n_begin = max(n_begin, split_idx * per_split);
+    n_end = min(n_end, (split_idx + 1) * per_split);
+  }
   const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
   const int d = kAllCols ? kHeadDim : p.shape.headdim;  // <= kHeadDim: the columns past it are zero-filled, never stored
   constexpr bool all_cols = kAllCols;
 
   const Element* q_ptr = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, m0, h);
   Element* o_ptr = static_cast<Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, m0, h);
-  const Element* k_base = static_cast<const Element*>(p.k) + row_offset(p.k_stride, b, sb.k_offset, 0, hk);
-  const Element* v_base = static_cast<const Element*>(p.v) + row_offset(p.v_stride, b, sb.k_offset, 0, hk);
+  // KV cache: K/V rows are gathered per tile (gather_rows); these bases are unused there.
+  const Element* k_base = static_cast<const Element*>(p.k) + (kKvCache ? 0 : row_offset(p.k_stride, b, sb.k_offset, 0, hk));
+  const Element* v_base = static_cast<const Element*>(p.v) + (kKvCache ? 0 : row_offset(p.v_stride, b, sb.k_offset, 0, hk));
   float* lse_ptr = p.lse == nullptr ? nullptr : p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + m0;
+  // Split-KV: fp32 partial O [split, b, row, h, d] and LSE [split, b, h, row] in the workspace.
+  const bool partial = kKvCache && split.num_splits > 1;
+  float* o_part = nullptr;
+  if (partial) {
+    o_part = split.o_partial + split.o_index(split_idx, b, m0, h);
+    lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, m0);
+  }
+  // Key/value row j of this sequence (KV cache: through the cache's addressing).
+  auto k_row = [&](int j) { return static_cast<const Element*>(p.k) + key_offset(p.k_stride, p.kv, b, sb, j, hk); };
+  auto v_row = [&](int j) { return static_cast<const Element*>(p.v) + key_offset(p.v_stride, p.kv, b, sb, j, hk); };
+  // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
+  auto store_out = [&](auto const& acc_rc, auto const& coord_rc, int rows, int cols, float scale) {
+    if (partial) {
+      store_acc_rows<float>(acc_rc, coord_rc, o_part, split.o_row_stride(), rows, cols, scale);
+    } else {
+      store_acc_rows<Element>(acc_rc, coord_rc, o_ptr, p.o_stride.row, rows, cols, scale);
+    }
+  };
 
   typename Kt::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tidx);
@@ -67,9 +102,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;  // query rows owned by this thread
 
-  if (n_begin >= n_end) {  // every row of the block is fully masked: O = 0, LSE = -inf
+  if (n_begin >= n_end) {  // every row of the block is fully masked (or the split is empty): O = 0, LSE = -inf
     clear(acc_o);
-    store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, d, 1.f);
+    store_out(acc_o_rc, tOcO_rc, valid_rows, d, 1.f);
     if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
@@ -140,7 +175,11 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
   // visited block can be partial at the end of the sequence).
   int n_block = n_last;
   copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
-  copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+  if constexpr (kKvCache) {
+    gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+  } else {
+    copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+  }
   cute::cp_async_fence();
 
   clear(acc_o);
@@ -160,7 +199,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       clear(acc_s);
       cute::cp_async_wait<0>();
       __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-      if (n_block == n_last) {  // the only block that can end past the sequence
+      if constexpr (kKvCache) {
+        gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
+      } else if (n_block == n_last) {  // the only block that can end past the sequence
         copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
       } else {
         copy_full_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, d, all_cols);
@@ -209,8 +250,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]
       if (n_block > n_begin) {  // K[n - 1]: a whole block
-        tKgK.data() = tKgK.data() + (-kBlockN * ks);
-        copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
+        if constexpr (kKvCache) {
+          gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
+        } else {
+          tKgK.data() = tKgK.data() + (-kBlockN * ks);
+          copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
+        }
         cute::cp_async_fence();
       }
 
@@ -310,7 +355,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p
 #pragma unroll
     for (int di = 0; di < size<1>(acc_o_rc); ++di) acc_o_rc(mi, di) *= inv;
   }
-  store_acc_rows<Element>(acc_o_rc, tOcO_rc, o_ptr, p.o_stride.row, valid_rows, d, 1.f);
+  store_out(acc_o_rc, tOcO_rc, valid_rows, d, 1.f);
   if (lse_ptr != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {
 #pragma unroll
     for (int mi = 0; mi < kRows; ++mi) {

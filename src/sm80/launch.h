@@ -4,16 +4,24 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "common/params.h"
+#include "common/split_kv.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::sm80 {
 
 template <typename Element, int kHeadDim>
 flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream);
+// The forward over a KV cache (p.kv.enabled()): append/rotary prepass, GQA packing for one-query
+// decode, split-KV and its combine. `workspace` holds kv_plan(...).workspace bytes.
+template <typename Element, int kHeadDim>
+flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+size_t kv_workspace(const FwdParams& p);
 template <typename Element, int kHeadDim>
 flashattn_status run_bwd(const BwdParams& p, void* workspace, cudaStream_t stream);
 
@@ -38,6 +46,79 @@ struct BwdWorkspaceLayout {
 };
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// The KV-cache forward's tile (launch_impl.cuh: KvFwdTraits): few query rows, two warps per row.
+constexpr int kKvBlockM = 32;
+constexpr int kKvBlockN = 64;
+
+// How a KV-cache forward runs: the params its attention kernel sees, the split count and the
+// workspace carve-up. The same for the size query and the call (a function of shapes only).
+struct KvPlan {
+  FwdParams attn;              // q rotated (prepass) and/or GQA-packed
+  bool rotate_q = false;       // the prepass writes q rotated to the workspace
+  bool gqa_packed = false;     // one-query decode: the query heads of a kv head are its rows
+  SplitKv split;               // num_splits, partial buffers (pointers filled by bind())
+  size_t q_rot = 0, o_partial = 0, lse_partial = 0, total = 0;  // workspace offsets / size
+
+  void bind(void* workspace) {
+    char* base = static_cast<char*>(workspace);
+    if (rotate_q) attn.q = base + q_rot;
+    if (split.num_splits > 1) {
+      split.o_partial = reinterpret_cast<float*>(base + o_partial);
+      split.lse_partial = reinterpret_cast<float*>(base + lse_partial);
+    }
+  }
+};
+
+// `slots`: CTAs the device runs at once (SMs x resident CTAs of the kernel).
+inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots) {
+  KvPlan k;
+  k.attn = p;
+  FwdParams& a = k.attn;
+  flashattn::Shape& sh = a.shape;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (p.kv.rotary()) {  // rotated q: contiguous [batch, seqlen_q, nheads_q, headdim]
+    k.rotate_q = true;
+    a.q_stride = RowStrides{int64_t(sh.seqlen_q) * sh.nheads_q * sh.headdim, int64_t(sh.nheads_q) * sh.headdim,
+                            sh.headdim};
+    k.q_rot = 0;
+    k.total = align256(size_t(sh.batch) * sh.seqlen_q * sh.nheads_q * sh.headdim * element_size);
+  }
+  // One query per sequence: the group's query heads become the rows of one kv head's tile, so
+  // K/V are read once per group (FA2's seqlenq_ngroups_swapped). Only where every row sees the
+  // same keys: no left window, and causal (or a right window) is no mask for a single query.
+  const int group = sh.group_size();
+  if (!varlen && sh.seqlen_q == 1 && group > 1 && a.mask.window_left < 0 && !a.alibi.enabled() &&
+      !a.dropout.enabled()) {
+    k.gqa_packed = true;
+    a.mask.window_right = -1;
+    sh.seqlen_q = group;
+    sh.nheads_q = sh.nheads_kv;
+    sh.total_q = sh.batch * group;
+    a.q_stride = RowStrides{a.q_stride.batch, a.q_stride.head, a.q_stride.head * group};
+    a.o_stride = RowStrides{a.o_stride.batch, a.o_stride.head, a.o_stride.head * group};
+  }
+  // Split-KV for fixed-length calls (varlen rows outside every sequence would be combined from
+  // unwritten partials).
+  int splits = 1;
+  if (!varlen && p.num_splits != 1) {
+    const int64_t ctas = int64_t((sh.seqlen_q + kKvBlockM - 1) / kKvBlockM) * sh.nheads_q * sh.batch;
+    const int n_blocks = (sh.seqlen_k + kKvBlockN - 1) / kKvBlockN;
+    splits = p.num_splits > 1 ? std::max(1, std::min(p.num_splits, n_blocks)) : choose_num_splits(ctas, slots, n_blocks, 128);
+  }
+  k.split.num_splits = splits;
+  k.split.batch = sh.batch;
+  k.split.seqlen_q = sh.seqlen_q;
+  k.split.nheads = sh.nheads_q;
+  k.split.headdim = sh.headdim;
+  if (splits > 1) {
+    k.o_partial = k.total;
+    k.total += align256(size_t(SplitKv::o_floats(splits, sh.batch, sh.seqlen_q, sh.nheads_q, sh.headdim)) * 4);
+    k.lse_partial = k.total;
+    k.total += align256(size_t(SplitKv::lse_floats(splits, sh.batch, sh.seqlen_q, sh.nheads_q)) * 4);
+  }
+  return k;
+}
 
 // kernel_headdim: the kernel's (the dQ accumulator's row width), >= the tensors' head dim.
 inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p, int kernel_headdim) {

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "api/cuda_util.h"
 #include "common/error.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/fwd_kernel.h"
 #include "sm80/kernel_traits.h"
+#include "sm80/kv_prepass.h"
 #include "sm80/launch.h"
 
 namespace flashattn::sm80 {
@@ -118,7 +120,7 @@ flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
   const dim3 grid((p.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.shape.nheads_q, p.shape.batch);
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p);
+  kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p, SplitKv{});
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? FLASHATTN_SUCCESS : cuda_failure(e, "sm80 fwd launch");
 }
@@ -128,6 +130,77 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
   using C = Config<Element, kHeadDim>;
   return with_fitting_config<typename C::Fwd, typename C::FwdSmallSmem>(
       "forward", [&](auto kt) { return run_fwd_with<decltype(kt)>(p, stream); });
+}
+
+// The KV-cache forward's tile: 32 query rows (decode has a few, GQA-packed), 64 keys, two warps
+// per row so each warp reads half of every K/V tile from smem. Columns predicated (any head dim up
+// to the kernel's): one kernel per (dtype, head dim).
+template <typename E, int D>
+using KvFwdTraits = FwdTraits<E, D, kKvBlockM, kKvBlockN, 4, /*kWarpsN=*/2>;
+
+// CTAs of `kernel` resident per SM, times the SMs: the slots split-KV fills.
+template <typename Kernel>
+flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots) {
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  if (e != cudaSuccess) return cuda_failure(e, "sm80 kv occupancy");
+  *slots = std::max(1, sms * std::max(1, per_sm));
+  return FLASHATTN_SUCCESS;
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
+  using Kt = KvFwdTraits<Element, kHeadDim>;
+  auto kernel = fwd_kernel<Kt, false, true>;
+  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", kHeadDim);
+  int slots = 1;
+  if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, Kt::kSmemSize, &slots);
+  if (s == FLASHATTN_SUCCESS) *plan = kv_plan(p, sizeof(Element), slots);
+  return s;
+}
+
+template <typename Element, int kHeadDim>
+size_t kv_workspace(const FwdParams& p) {
+  KvPlan plan;
+  return kv_plan_for<Element, kHeadDim>(p, &plan) == FLASHATTN_SUCCESS ? plan.total : 0;
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t stream) {
+  using Kt = KvFwdTraits<Element, kHeadDim>;
+  KvPlan plan;
+  flashattn_status s = kv_plan_for<Element, kHeadDim>(p, &plan);
+  if (s != FLASHATTN_SUCCESS) return s;
+  if (plan.total > 0 && workspace == nullptr)
+    return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm80 KV-cache forward needs %zu bytes", plan.total);
+  plan.bind(workspace);
+  const FwdParams& a = plan.attn;
+  if ((s = check_grid(a.shape.batch * plan.split.num_splits, a.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
+  cudaError_t e = cudaSuccess;
+  // 1. Appends (and q rotated into the workspace), before any attention reads the cache.
+  Element* q_rot = plan.rotate_q ? static_cast<Element*>(const_cast<void*>(a.q)) : nullptr;
+  const int64_t rows = (p.kv.appends() ? int64_t(p.shape.batch) * p.kv.seqlen_new * p.shape.nheads_kv : 0) +
+                       (q_rot ? int64_t(p.shape.batch) * p.shape.seqlen_q * p.shape.nheads_q : 0);
+  if (rows > 0) {
+    const int grid = int(std::min<int64_t>((rows + kPrepassWarps - 1) / kPrepassWarps, 1 << 16));
+    kv_prepass_kernel<Element><<<grid, 32 * kPrepassWarps, 0, stream>>>(p, q_rot);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv prepass launch");
+  }
+  // 2. Attention, each split writing its partial results (or out itself without splits).
+  const dim3 grid((a.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, a.shape.nheads_q,
+                  a.shape.batch * plan.split.num_splits);
+  if (grid.x == 0) return FLASHATTN_SUCCESS;
+  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(a, plan.split);
+  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
+  // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
+  if (plan.split.num_splits > 1) {
+    const int64_t out_stride[3] = {a.o_stride.batch, a.o_stride.row, a.o_stride.head};
+    const int64_t lse_stride[3] = {int64_t(a.shape.nheads_q) * a.shape.seqlen_q, a.shape.seqlen_q, 1};
+    return cuda::combine(plan.split.combine_into(a.o, a.dtype, out_stride, a.lse, lse_stride), stream);
+  }
+  return FLASHATTN_SUCCESS;
 }
 
 template <typename Kt>

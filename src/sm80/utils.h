@@ -43,6 +43,11 @@ struct Pack2<cutlass::half_t> {
   static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
 };
 template <>
+struct Pack2<float> {  // split-KV's fp32 partial outputs
+  using type = float2;
+  static __device__ __forceinline__ type make(float a, float b) { return make_float2(a, b); }
+};
+template <>
 struct Pack2<cutlass::bfloat16_t> {
   using type = __nv_bfloat162;
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
@@ -133,6 +138,33 @@ __device__ __forceinline__ void copy_full_rows(TiledCopy const& tiled_copy, TS c
                                                int valid_cols, bool all_cols) {
   if (all_cols) cute::copy(tiled_copy, S, D);
   else copy_rows(tiled_copy, S, D, C, INT_MAX, valid_cols);
+}
+
+// copy_rows for a tile whose rows have addresses of their own (KV cache: pages, or cache rows
+// through batch_idx/leftpad): tile row r of D comes from row_ptr(row0 + r), a pointer to its
+// column 0. Rows from valid_rows on and columns from valid_cols on are zeroed.
+template <typename TiledCopy, typename RowPtr, typename TD, typename TC>
+__device__ __forceinline__ void gather_rows(TiledCopy const& tiled_copy, RowPtr const& row_ptr, int row0, TD& D,
+                                            TC const& C, int valid_rows, int valid_cols) {
+#pragma unroll
+  for (int m = 0; m < size<1>(D); ++m) {
+    const int r = get<0>(C(0, m, 0));
+    if (r < valid_rows) {
+      const auto* src_row = row_ptr(row0 + r);
+#pragma unroll
+      for (int k = 0; k < size<2>(D); ++k) {
+        const int c = get<1>(C(0, m, k));
+        if (c < valid_cols) {
+          Tensor src = make_tensor(make_gmem_ptr(src_row + c), make_layout(shape(D(_, m, k))));
+          cute::copy(tiled_copy, src, D(_, m, k));
+        } else {
+          cute::clear(D(_, m, k));
+        }
+      }
+    } else {
+      cute::clear(D(_, m, _));
+    }
+  }
 }
 
 template <typename T>

@@ -123,8 +123,8 @@ LaunchFn find_launch(int headdim, flashattn_dtype dt) {
 const char* fwd_unsupported(const FwdParams& p) {
   static thread_local char msg[160];
   if (p.kv.enabled()) {
-    std::snprintf(msg, sizeof(msg), "%s: the KV cache is not implemented on sm90 yet (host paths: cpu, reference)",
-                  p.kv.field_in_use());
+    std::snprintf(msg, sizeof(msg), "%s: the KV cache has no sm90 kernel yet; backend auto or sm80 runs it on the "
+                  "sm80 kernels", p.kv.field_in_use());
     return msg;
   }
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)

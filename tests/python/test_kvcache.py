@@ -561,12 +561,38 @@ def test_exports():
     assert "flash_attn_with_kvcache" in flashattn.__all__ and "flash_attn_with_kvcache" in flashattn.interface.__all__
 
 
+def _to_cuda(kw, dtype):
+    """The call's tensors on the GPU, the floating ones in `dtype` (ALiBi slopes stay float32)."""
+    return {n: (t.cuda().to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and n != "alibi_slopes"
+                else t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_refuses_clearly():
-    args = {n: (t.cuda().to(torch.float16) if isinstance(t, torch.Tensor) and t.is_floating_point() else
-                t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in _decode_args(paged=True).items()}
-    with pytest.raises(NotImplementedError, match="kv_cache"):
-        flash_attn_with_kvcache(**args)
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_cuda_matches_reference(name, dtype, num_splits):
+    """The CUDA paths on the host matrix's cases (split-KV off, forced, heuristic), against the fp64 reference."""
+    kw = _to_cuda(_build(CASES[name], torch.float32), dtype)
+    if kw["q"].shape[-1] % 8:
+        pytest.skip("head dim not a multiple of 8: the CUDA paths refuse it for a KV cache (test below)")
+    before_k, before_v = kw["k_cache"].clone(), kw["v_cache"].clone()
+    out, lse = flash_attn_with_kvcache(**kw, num_splits=num_splits, return_softmax_lse=True)
+    torch.cuda.synchronize()
+    ref_kw = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+    ref_kw.update(k_cache=before_k.cpu(), v_cache=before_v.cpu())
+    o64, lse64, kc64, vc64, written = kvcache_ref(**ref_kw, dt=torch.float64)
+    olp, lselp, _, _, _ = kvcache_ref(**ref_kw, dt=dtype)
+    check("out", out.cpu(), olp, o64, dtype)
+    check("lse", lse.cpu(), lselp, lse64, dtype)
+    for got, want in ((kw["k_cache"].cpu(), kc64), (kw["v_cache"].cpu(), vc64)):
+        assert torch.equal(got[~written], want[~written])
+        torch.testing.assert_close(got[written], want[written])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_refuses_unpaddable_headdim():
+    args = _to_cuda(_decode_args(paged=True), torch.float16)
     args12 = {n: (torch.nn.functional.pad(t, (0, -4)) if n in ("q", "k", "v", "k_cache", "v_cache") else t)
               for n, t in args.items()}
     with pytest.raises(NotImplementedError, match="headdim 12"):
