@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "common/split_kv.h"
+#include "cpu/combine.h"
 #include "flashattn/flashattn.h"
 #include "kv_test_util.h"
 #include "test_util.h"
@@ -260,6 +262,120 @@ TEST(KvCache, AutoRunsOnTheHost) {
   flashattn_fwd_params params = p.params(FLASHATTN_BACKEND_AUTO);
   ASSERT_EQ(flashattn_fwd(&params, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
   EXPECT_EQ(p.out.count_nan(), 0);
+}
+
+}  // namespace
+}  // namespace flashattn::test
+
+// ---- split-KV's host-side pieces (common/split_kv.h), which the GPU paths rely on -------------
+
+namespace flashattn::test {
+namespace {
+
+TEST(SplitKv, ChoosesSplitsThatFillTheGpu) {
+  // A grid that already fills 80% of the slots is not split.
+  EXPECT_EQ(choose_num_splits(/*ctas=*/120, /*slots=*/132, /*n_blocks=*/1000, 128), 1);
+  EXPECT_EQ(choose_num_splits(8, 528, 1, 128), 1);  // one key block: nothing to split
+  for (int64_t ctas : {1, 2, 8, 16, 40, 100}) {
+    for (int n_blocks : {2, 7, 64, 1000, 5000}) {
+      for (int slots : {132, 264, 528}) {
+        const int s = choose_num_splits(ctas, slots, n_blocks, 128);
+        SCOPED_TRACE("ctas " + std::to_string(ctas) + " blocks " + std::to_string(n_blocks) + " slots " +
+                     std::to_string(slots) + " -> " + std::to_string(s));
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, std::min(n_blocks, 128));
+        // Small grids over long caches (fine-grained splits) get enough CTAs to cover most of the
+        // slots (or of what 128 splits can give).
+        const int64_t reachable = std::min<int64_t>(slots, ctas * std::min(n_blocks, 128));
+        if (ctas * 10 < int64_t(slots) * 8 && n_blocks >= 64) EXPECT_GE(ctas * s * 10, reachable * 7);
+      }
+    }
+  }
+}
+
+// Splits take consecutive ranges of key blocks that cover every block exactly once.
+TEST(SplitKv, SplitsPartitionTheKeyBlocks) {
+  for (int splits = 1; splits <= 9; ++splits)
+    for (int n_blocks = 0; n_blocks <= 40; ++n_blocks) {
+      SplitKv s;
+      s.num_splits = splits;
+      const int per = s.blocks_per_split(n_blocks);
+      std::vector<int> seen(size_t(n_blocks), 0);
+      for (int i = 0; i < splits; ++i)
+        for (int nb = i * per; nb < std::min(n_blocks, (i + 1) * per); ++nb) ++seen[size_t(nb)];
+      for (int nb = 0; nb < n_blocks; ++nb) EXPECT_EQ(seen[size_t(nb)], 1) << splits << " splits, block " << nb;
+    }
+}
+
+// The partial layout and combine_into: attention computed per key range by the oracle, stored
+// where a GPU split would store it, and merged by the host combine equals attention over all keys.
+TEST(SplitKv, PartialLayoutCombinesToTheFullAttention) {
+  Case c;
+  c.dtype = FLASHATTN_DTYPE_FP32;
+  c.batch = 2;
+  c.sq = 3;
+  c.sk = 150;
+  c.hq = 4;
+  c.hkv = 2;
+  c.d = 32;
+  c.causal = true;
+  Problem p(c);
+  const Oracle exact = run_oracle(p, Rounding::kExact, false);
+  SplitKv split;
+  split.num_splits = 4;
+  split.batch = c.batch;
+  split.seqlen_q = c.sq;
+  split.nheads = c.hq;
+  split.headdim = c.d;
+  std::vector<float> o_part(size_t(SplitKv::o_floats(4, c.batch, c.sq, c.hq, c.d)), NAN);
+  std::vector<float> lse_part(size_t(SplitKv::lse_floats(4, c.batch, c.sq, c.hq)), NAN);
+  split.o_partial = o_part.data();
+  split.lse_partial = lse_part.data();
+  const int block = 64, per = split.blocks_per_split((c.sk + block - 1) / block);
+  for (int s = 0; s < 4; ++s) {
+    // Split s's keys [k0, k1) of the whole causal problem, from the definition in fp64.
+    const int k0 = std::min(c.sk, s * per * block), k1 = std::min(c.sk, (s + 1) * per * block);
+    const double scale = 1.0 / std::sqrt(double(c.d));
+    for (int b = 0; b < c.batch; ++b)
+      for (int h = 0; h < c.hq; ++h)
+        for (int i = 0; i < c.sq; ++i) {
+          const int last = std::min(k1, i + c.sk - c.sq + 1);  // causal, bottom-right
+          std::vector<double> sc;
+          double m = -INFINITY;
+          for (int j = k0; j < last; ++j) {
+            double dot = 0;
+            for (int x = 0; x < c.d; ++x) dot += p.q.get(b, i, h, x) * p.k.get(b, j, h / 2, x);
+            sc.push_back(dot * scale);
+            m = std::max(m, sc.back());
+          }
+          double l = 0;
+          std::vector<double> o(size_t(c.d), 0.0);
+          for (int j = k0; j < last; ++j) {
+            const double e = std::exp(sc[size_t(j - k0)] - m);
+            l += e;
+            for (int x = 0; x < c.d; ++x) o[size_t(x)] += e * p.v.get(b, j, h / 2, x);
+          }
+          for (int x = 0; x < c.d; ++x)
+            o_part[size_t(split.o_index(s, b, i, h) + x)] = l > 0 ? float(o[size_t(x)] / l) : 0.f;
+          lse_part[size_t(split.lse_index(s, b, h, i))] = l > 0 ? float(m + std::log(l)) : -INFINITY;
+        }
+  }
+  HostTensor out(FLASHATTN_DTYPE_FP32, c.batch, c.sq, c.hq, c.d);
+  out.fill_nan();
+  std::vector<float> lse(size_t(c.batch) * c.hq * c.sq, NAN);
+  const int64_t ost[3] = {out.stride[0], out.stride[1], out.stride[2]};
+  const int64_t lst[3] = {int64_t(c.hq) * c.sq, c.sq, 1};
+  ASSERT_EQ(cpu::combine(split.combine_into(out.data(), FLASHATTN_DTYPE_FP32, ost, lse.data(), lst)),
+            FLASHATTN_SUCCESS);
+  double err = 0;
+  for (int b = 0; b < c.batch; ++b)
+    for (int i = 0; i < c.sq; ++i)
+      for (int h = 0; h < c.hq; ++h) {
+        for (int x = 0; x < c.d; ++x) err = std::max(err, std::fabs(out.get(b, i, h, x) - exact.out.get(b, i, h, x)));
+        err = std::max(err, double(std::fabs(lse[size_t((b * c.hq + h) * c.sq + i)] -
+                                             exact.lse[size_t(p.lse_index(b, h, i))])));
+      }
+  EXPECT_LT(err, 1e-5);
 }
 
 }  // namespace

@@ -26,8 +26,12 @@ namespace flashattn::sm80 {
 // cache's addressing (paged or contiguous), sequences' key ranges from the cache lengths, and
 // split-KV: blockIdx.z = batch * num_splits + split, each split writing fp32 partial results that
 // the combine kernel merges. A kernel of its own, so the plain forward keeps its registers.
+// Memory-bound decode wants several CTAs per SM (bytes in flight): the KV-cache kernel is held to
+// 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no spills), 2 above (its smem
+// allows 2 there anyway; at 4, hdim 256 spilled 120 bytes).
 template <typename Kt, bool kAllCols, bool kKvCache = false>
-__global__ void __launch_bounds__(Kt::kNThreads, 1) fwd_kernel(const FwdParams p, const SplitKv split) {
+__global__ void __launch_bounds__(Kt::kNThreads, kKvCache ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
+    fwd_kernel(const FwdParams p, const SplitKv split) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
