@@ -194,6 +194,53 @@ TEST_P(GpuKvCache, PagedPrefillVarlen) {
   }
 }
 
+// A few small cases (compute-sanitizer runs the *Small* tests): paged with odd pages and an
+// append with rotary, contiguous with batch_idx and leftpad, paged varlen.
+TEST_P(GpuKvCache, SmallCases) {
+  std::string why;
+  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
+  KvCase a;
+  a.dtype = FLASHATTN_DTYPE_BF16;
+  a.page_size = 3;
+  a.batch = 2;
+  a.hq = 8;
+  a.hkv = 2;
+  a.d = 64;
+  a.capacity = 150;
+  a.cache_lens = {0, 130};
+  a.seqlen_new = 2;
+  a.rotary_dim = 64;
+  a.causal = true;
+  run_gpu_case(a, fresh_seed(), GetParam());
+  KvCase b;
+  b.dtype = FLASHATTN_DTYPE_FP16;
+  b.batch = 3;
+  b.sq = 4;
+  b.hq = 4;
+  b.hkv = 4;
+  b.d = 128;
+  b.capacity = 200;
+  b.cache_lens = {7, 113, 1};
+  b.leftpad = {2, 50, 0};
+  b.batch_idx = true;
+  b.seqlen_new = 3;
+  b.softcap = 10.f;
+  run_gpu_case(b, fresh_seed(), GetParam());
+  KvCase c;
+  c.varlen = true;
+  c.dtype = FLASHATTN_DTYPE_BF16;
+  c.page_size = 16;
+  c.batch = 2;
+  c.sq = 5;
+  c.hq = 4;
+  c.hkv = 1;
+  c.d = 128;
+  c.capacity = 100;
+  c.cache_lens = {5, 90};
+  c.causal = true;
+  run_gpu_case(c, fresh_seed(), GetParam());
+}
+
 // Long caches, one query, GQA: the decode shape split-KV exists for (the heuristic splits here).
 TEST_P(GpuKvCache, LongDecodeSplits) {
   std::string why;
