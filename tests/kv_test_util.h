@@ -310,4 +310,51 @@ inline ::testing::AssertionResult check_cache(const KvProblem& p, const HostTens
   return ::testing::AssertionSuccess();
 }
 
+// The ranges a random decode grid draws its cases from (host and GPU tests differ in dtypes,
+// head dims, cache sizes).
+struct KvGrid {
+  std::vector<flashattn_dtype> dtypes;
+  std::vector<int> headdims;
+  std::vector<int> cache_lens;  // each sequence's: one of these plus 0..2 (within the capacity)
+  int max_group = 4;            // query heads per kv head: 1..max_group
+  int capacity_min = 20, capacity_span = 200;  // contiguous and small pages; page 256: capacity_256
+  int capacity_256 = 300;
+  int window_left = 5;
+  float softcap = 8.f;
+  int partial_rotary_dim = 0;   // rotary on part of the head: this many columns (0: half the head)
+};
+
+inline KvCase random_kv_case(std::mt19937_64& rng, const KvGrid& g) {
+  std::uniform_int_distribution<int> pick(0, 1 << 20);
+  auto one_of = [&](const auto& v) { return v[size_t(pick(rng)) % v.size()]; };
+  const int page_sizes[] = {0, 1, 3, 16, 256};
+  KvCase c;
+  c.dtype = one_of(g.dtypes);
+  c.page_size = page_sizes[pick(rng) % 5];
+  c.batch = 1 + pick(rng) % 3;
+  c.hkv = 1 + pick(rng) % 2;
+  c.hq = c.hkv * (1 + pick(rng) % g.max_group);
+  c.d = one_of(g.headdims);
+  c.sq = (pick(rng) % 3 == 0) ? 4 : 1;
+  c.seqlen_new = (pick(rng) % 4 == 0) ? 0 : 1 + pick(rng) % 4;
+  c.capacity = c.page_size == 256 ? g.capacity_256 : g.capacity_min + pick(rng) % g.capacity_span;
+  for (int i = 0; i < c.batch; ++i)
+    c.cache_lens.push_back(std::min(one_of(g.cache_lens) + pick(rng) % 3, c.room() - c.seqlen_new));
+  if (pick(rng) % 3 == 0)
+    for (int i = 0; i < c.batch; ++i) c.leftpad.push_back(std::min(c.cache_lens[size_t(i)], pick(rng) % 5));
+  c.batch_idx = c.page_size == 0 && pick(rng) % 2;
+  if (c.seqlen_new && pick(rng) % 2) {
+    c.rotary_dim = (pick(rng) % 2) ? c.d : (g.partial_rotary_dim ? g.partial_rotary_dim : c.d / 2);
+    c.interleaved = pick(rng) % 2;
+  }
+  switch (pick(rng) % 4) {
+    case 0: c.causal = true; break;
+    case 1: c.window_left = g.window_left; c.window_right = 0; break;
+    case 2: c.softcap = g.softcap; break;
+    default: break;
+  }
+  c.alibi = pick(rng) % 5 == 0;
+  return c;
+}
+
 }  // namespace flashattn::test

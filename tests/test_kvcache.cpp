@@ -55,39 +55,12 @@ void run_case(const KvCase& kc, uint64_t seed) {
 
 TEST(KvCache, DecodeGridMatchesGatheredOracle) {
   std::mt19937_64 master(fresh_seed());
-  const flashattn_dtype dtypes[] = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP32,
-                                    FLASHATTN_DTYPE_FP64};
-  const int page_sizes[] = {0, 1, 3, 16, 256};
+  KvGrid grid;
+  grid.dtypes = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP32, FLASHATTN_DTYPE_FP64};
+  grid.headdims = {64, 40};
+  grid.cache_lens = {0, 1, 7, 113};
   for (int trial = 0; trial < 40; ++trial) {
-    std::uniform_int_distribution<int> pick(0, 1 << 20);
-    KvCase c;
-    c.dtype = dtypes[pick(master) % 4];
-    c.page_size = page_sizes[pick(master) % 5];
-    c.batch = 1 + pick(master) % 3;
-    c.hkv = 1 + pick(master) % 2;
-    c.hq = c.hkv * (1 + pick(master) % 4);
-    c.d = (pick(master) % 2) ? 64 : 40;
-    c.sq = (pick(master) % 3 == 0) ? 4 : 1;
-    c.seqlen_new = (pick(master) % 4 == 0) ? 0 : 1 + pick(master) % 5;
-    c.capacity = c.page_size == 256 ? 300 : 20 + pick(master) % 200;
-    const int lens[] = {0, 1, 7, 113};
-    for (int i = 0; i < c.batch; ++i)
-      c.cache_lens.push_back(std::min(lens[pick(master) % 4] + pick(master) % 3, c.room() - c.seqlen_new));
-    if (pick(master) % 3 == 0)
-      for (int i = 0; i < c.batch; ++i)
-        c.leftpad.push_back(std::min(c.cache_lens[size_t(i)], pick(master) % 5));
-    c.batch_idx = c.page_size == 0 && pick(master) % 2;
-    if (c.seqlen_new && pick(master) % 2) {
-      c.rotary_dim = (pick(master) % 2) ? c.d : c.d / 2;
-      c.interleaved = pick(master) % 2;
-    }
-    switch (pick(master) % 4) {
-      case 0: c.causal = true; break;
-      case 1: c.window_left = 5; c.window_right = 0; break;
-      case 2: c.softcap = 8.f; break;
-      default: break;
-    }
-    c.alibi = pick(master) % 5 == 0;
+    const KvCase c = random_kv_case(master, grid);
     run_case(c, master());
     if (HasFatalFailure()) return;
   }

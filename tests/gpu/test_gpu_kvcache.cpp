@@ -137,37 +137,19 @@ TEST_P(GpuKvCache, DecodeGridMatchesGatheredOracle) {
   std::string why;
   if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
   std::mt19937_64 master(fresh_seed());
-  const flashattn_dtype dtypes[] = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
-  const int page_sizes[] = {0, 1, 3, 16, 256};
+  KvGrid grid;
+  grid.dtypes = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
+  grid.headdims = {128, 80};
+  grid.cache_lens = {0, 1, 7, 113, 799};
+  grid.max_group = 8;
+  grid.capacity_min = 64;
+  grid.capacity_span = 1000;
+  grid.capacity_256 = 1100;
+  grid.window_left = 37;
+  grid.softcap = 20.f;
+  grid.partial_rotary_dim = 32;
   for (int trial = 0; trial < 24; ++trial) {
-    std::uniform_int_distribution<int> pick(0, 1 << 20);
-    KvCase c;
-    c.dtype = dtypes[pick(master) % 2];
-    c.page_size = page_sizes[pick(master) % 5];
-    c.batch = 1 + pick(master) % 3;
-    c.hkv = 1 + pick(master) % 2;
-    c.hq = c.hkv * (1 + pick(master) % 8);
-    c.d = (pick(master) % 2) ? 128 : 80;
-    c.sq = (pick(master) % 3 == 0) ? 4 : 1;
-    c.seqlen_new = (pick(master) % 4 == 0) ? 0 : 1 + pick(master) % 4;
-    c.capacity = c.page_size == 256 ? 1100 : 64 + pick(master) % 1000;
-    const int lens[] = {0, 1, 7, 113, 799};
-    for (int i = 0; i < c.batch; ++i)
-      c.cache_lens.push_back(std::min(lens[pick(master) % 5] + pick(master) % 3, c.room() - c.seqlen_new));
-    if (pick(master) % 3 == 0)
-      for (int i = 0; i < c.batch; ++i) c.leftpad.push_back(std::min(c.cache_lens[size_t(i)], pick(master) % 5));
-    c.batch_idx = c.page_size == 0 && pick(master) % 2;
-    if (c.seqlen_new && pick(master) % 2) {
-      c.rotary_dim = (pick(master) % 2) ? c.d : 32;
-      c.interleaved = pick(master) % 2;
-    }
-    switch (pick(master) % 4) {
-      case 0: c.causal = true; break;
-      case 1: c.window_left = 37; c.window_right = 0; break;
-      case 2: c.softcap = 20.f; break;
-      default: break;
-    }
-    c.alibi = pick(master) % 5 == 0;
+    const KvCase c = random_kv_case(master, grid);
     run_gpu_case(c, master(), GetParam());
     if (HasFatalFailure()) return;
   }
