@@ -597,3 +597,65 @@ def test_cuda_refuses_unpaddable_headdim():
               for n, t in args.items()}
     with pytest.raises(NotImplementedError, match="headdim 12"):
         flash_attn_with_kvcache(**args12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_decode_loop():
+    """A whole decode step (append + attention over a paged cache, cache_seqlens advanced on the device)
+    captured once in a CUDA graph and replayed for several tokens with fresh q/k/v: the same outputs and
+    caches as the eager loop (issue 17 item 5)."""
+    torch.manual_seed(0)
+    b, hq, hk, d, page, steps = 3, 8, 2, 128, 16, 5
+    lens = [40, 0, 300]
+    table, n = _block_table(lens, steps, page)
+    table = table.cuda()
+    kc = torch.randn(n, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    cos, sin = (t.cuda().to(torch.bfloat16) for t in _rotary_tables(max(lens) + steps + 2, d, torch.float32))
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q, k, v = (torch.empty(b, 1, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hk, hk))
+    tokens = [tuple(torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hk, hk))
+              for _ in range(steps)]
+
+    def step():
+        out = flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+                                      block_table=table, causal=True, rotary_interleaved=False)
+        seqlens.add_(1)
+        return out
+
+    # Eager on copies first.
+    kc0, vc0, sl0 = kc.clone(), vc.clone(), seqlens.clone()
+    want = []
+    for t in tokens:
+        for dst, src in zip((q, k, v), t):
+            dst.copy_(src)
+        want.append(step().clone())
+    want_k, want_v = kc.clone(), vc.clone()
+    kc.copy_(kc0)
+    vc.copy_(vc0)
+    seqlens.copy_(sl0)
+    # Capture (after a warm-up on a side stream, as torch recommends), then replay per token.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for dst, src in zip((q, k, v), tokens[0]):
+            dst.copy_(src)
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    kc.copy_(kc0)
+    vc.copy_(vc0)
+    seqlens.copy_(sl0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    kc.copy_(kc0)  # capture does not run the work, but start from the same state either way
+    vc.copy_(vc0)
+    seqlens.copy_(sl0)
+    for i, t in enumerate(tokens):
+        for dst, src in zip((q, k, v), t):
+            dst.copy_(src)
+        graph.replay()
+        torch.testing.assert_close(out, want[i], rtol=0, atol=0)
+    torch.cuda.synchronize()
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert seqlens.tolist() == [x + steps for x in lens]
