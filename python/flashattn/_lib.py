@@ -335,6 +335,8 @@ def compiled_backends():
 def backend_id(backend):
     if isinstance(backend, int):
         return backend
+    if type(backend) is str and backend in BACKENDS:  # already a lower-case name
+        return BACKENDS[backend]
     try:
         return BACKENDS[str(backend).lower()]
     except KeyError:

@@ -114,6 +114,89 @@ def _put(params, field, t: torch.Tensor, varlen: bool):
         _TENSOR.pack_into(params, offset, ptr, b, sq, h, d, st[0], st[1], st[2], 1)
 
 
+# The per-call path packs each params struct's head (struct_size, dtype, the tensors, lse, options) with one
+# struct.pack_into over a copy of the library's initialized template: no ctypes field assignment, no torch.device
+# objects, each tensor's shape and strides read once.
+_OPTIONS_FMT = "fiiiffiiii"  # flashattn_options: softmax_scale, causal, window_left/right, softcap, dropout_p,
+#                              deterministic, backend, device, num_threads
+_OPTIONS = struct.Struct("@" + _OPTIONS_FMT)
+assert _OPTIONS.size == ctypes.sizeof(_lib.Options)
+# fwd: struct_size, dtype, q, k, v, out, lse, options.
+_FWD_HEAD = struct.Struct("@Ii" + "P8q" * 4 + "P" + _OPTIONS_FMT)
+assert _FWD_HEAD.size == _lib.FwdParams.options.offset + ctypes.sizeof(_lib.Options)
+assert struct.calcsize("@Ii" + "P8q" * 4 + "P") == _lib.FwdParams.options.offset
+_FWD_SIZE = ctypes.sizeof(_lib.FwdParams)  # struct_size (load() checks the library agrees)
+# bwd: struct_size, dtype, q, k, v, out, dout, lse, dq, dk, dv, options.
+_BWD_HEAD = struct.Struct("@Ii" + "P8q" * 5 + "P" + "P8q" * 3 + _OPTIONS_FMT)
+assert _BWD_HEAD.size == _lib.BwdParams.options.offset + ctypes.sizeof(_lib.Options)
+assert struct.calcsize("@Ii" + "P8q" * 5) == _lib.BwdParams.lse.offset
+_BWD_SIZE = ctypes.sizeof(_lib.BwdParams)
+
+# Elements per 16 bytes (the device kernels' vector loads), by dtype.
+_VEC = {torch.float16: 8, torch.bfloat16: 8, torch.float32: 4, torch.float64: 2}
+
+
+def _vec(t: torch.Tensor) -> int:
+    return _VEC.get(t.dtype) or _DEVICE_ALIGN // t.element_size()
+
+
+def _abi(t: torch.Tensor, vec: int, varlen: bool):
+    """(t or the copy the C ABI can take (as _usable), and its 9 flashattn_tensor values (as _put writes them)).
+    vec: elements per 16 bytes for CUDA tensors (_vec), 0 for host tensors. Reads shape and strides once."""
+    shape = t.shape
+    st = t.stride()
+    if 0 in shape:
+        ptr = 0
+    else:
+        if st[-1] != 1 and shape[-1] != 1:
+            t = t.contiguous()
+            st = t.stride()
+            ptr = t.data_ptr()
+        else:
+            ptr = t.data_ptr()
+            if vec:
+                orig = t
+                if ptr % _DEVICE_ALIGN != 0:
+                    # contiguous() would return a contiguous-but-misaligned view itself: copy.
+                    t = t.clone(memory_format=torch.contiguous_format)
+                else:
+                    for i in range(len(shape) - 1):
+                        if shape[i] > 1 and st[i] % vec != 0:
+                            t = t.contiguous()
+                            break
+                if t is not orig:
+                    st = t.stride()
+                    ptr = t.data_ptr()
+    if varlen:
+        total, h, d = shape
+        return t, (ptr, 1, total, h, d, total * st[0], st[0], st[1], 1)
+    b, sq, h, d = shape
+    return t, (ptr, b, sq, h, d, st[0], st[1], st[2], 1)
+
+
+def _options_values(cuda_index, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                    dropout_p=0.0):
+    """The flashattn_options values as _fill_options sets them (cuda_index: the tensors' CUDA device, -1 on CPU)."""
+    if cuda_index >= 0:
+        return (softmax_scale, int(causal), window_left, window_right, softcap, dropout_p, int(deterministic), backend,
+                cuda_index, 0)
+    # Host paths run on torch's intra-op thread count (torch.set_num_threads), like SDPA.
+    return (softmax_scale, int(causal), window_left, window_right, softcap, dropout_p, int(deterministic), backend, -1,
+            torch.get_num_threads())
+
+
+def _pack_head(packer, p, values, options):
+    """packer.pack_into(p, 0, *values, *options); values out of the C types' range (a float beyond float32's,
+    an int beyond int32's) are written as ctypes assignment writes them (inf, truncated), for the library to judge."""
+    try:
+        packer.pack_into(p, 0, *values, *options)
+    except (OverflowError, struct.error):
+        packer.pack_into(p, 0, *values, *((0.0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0)))
+        o = p.options
+        (o.softmax_scale, o.causal, o.window_left, o.window_right, o.softcap, o.dropout_p, o.deterministic, o.backend,
+         o.device, o.num_threads) = options
+
+
 _TEMPLATES = {}
 
 
@@ -130,7 +213,18 @@ def _new_params(kind):
 def _stream(device: torch.device) -> Optional[int]:
     if device.type != "cuda":
         return None
-    return torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream(device.index)
+
+
+# torch's current stream of a CUDA device as a raw cudaStream_t, without building a torch.cuda.Stream object
+# (what torch's own generated code calls); torch.cuda.current_stream where this torch lacks it.
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(index: int) -> int:
+    if _GET_RAW_STREAM is not None:
+        return _GET_RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _fill_options(o, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
@@ -172,8 +266,9 @@ _WS_CACHE: dict = {}
 
 
 def _workspace(kind, params, key, device, raise_for_status=None):
-    """(tensor or None, pointer, bytes) of the scratch this device call needs, from torch's allocator."""
-    if device.type != "cuda":
+    """(tensor or None, pointer, bytes) of the scratch this device call needs, from torch's allocator (key: the
+    call's signature for CUDA tensors, None for host tensors)."""
+    if key is None:
         return None, None, 0  # host paths allocate their own (plain heap memory)
     nbytes = _WS_CACHE.get(key)
     if nbytes is None:
@@ -234,6 +329,8 @@ def _set_lse(p, lse):
 
 def check_dropout_p(dropout_p) -> float:
     """dropout_p as a float in [0, 1) (a Python, numpy or 0-d torch real); ValueError naming it otherwise."""
+    if type(dropout_p) is float and 0.0 <= dropout_p < 1.0:  # the usual Python float
+        return dropout_p
     if isinstance(dropout_p, torch.Tensor):
         real = dropout_p.dim() == 0 and not dropout_p.dtype.is_complex and dropout_p.dtype != torch.bool
     else:
@@ -298,43 +395,71 @@ def _mods_key(dropout_p, alibi_slopes):
 
 
 def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend):
-    """(out, lse, rng_state): rng_state is the int64 [2] {seed, offset} drawn for dropout, zeros without."""
+              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend, want_rng=True):
+    """(out, lse, rng_state): rng_state is the int64 [2] {seed, offset} drawn for dropout, zeros without
+    (None without dropout when not want_rng: flashattn::fwd has no such output)."""
     varlen = cu_seqlens_q is not None
-    device = q.device
-    d = q.shape[-1]
-    pad = _head_pad(q)
-    qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
-    # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
-    out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
-    lse = _alloc(_lse_shape(q, varlen), _lse_dtype(q.dtype, backend), device, float("-inf") if varlen else None)
-    if dropout_p > 0:
-        rng_state = _draw_rng_state(device)
+    dtype = q.dtype
+    dtype_id = _DTYPES.get(dtype) or _dtype_id(dtype)
+    qp, kp, vp = q, k, v
+    pad = 0
+    if q.is_cuda:
+        index = q.get_device()
+        vec = _vec(q)
+        pad = (-q.shape[-1]) % vec
+        if pad:
+            qp, kp, vp = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
     else:
-        rng_state = torch.zeros(2, dtype=torch.int64, device=device)
+        index, vec = -1, 0
+    qp, qf = _abi(qp, vec, varlen)
+    kp, kf = _abi(kp, vec, varlen)
+    vp, vf = _abi(vp, vec, varlen)
+    _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
+    lse_dtype = _lse_dtype(dtype, backend)
+    # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
+    if varlen or _POISON:
+        device = q.device
+        out = _alloc(qp.shape, dtype, device, 0.0 if varlen else None)
+        lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
+    else:
+        out = qp.new_empty(B, S, H, D)
+        lse = qp.new_empty(B, H, S, dtype=lse_dtype)
+    n = B * S * H * D
+    of = (out.data_ptr() if n else 0, B, S, H, D, S * H * D, H * D, D, 1)
+    lse_ptr = lse.data_ptr() if B * H * S else 0
+    if dropout_p > 0:
+        rng_state = _draw_rng_state(q.device)
+    elif want_rng:
+        rng_state = torch.zeros(2, dtype=torch.int64, device=q.device)
+    else:
+        rng_state = None
     if alibi_slopes is not None:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
 
     p = _new_params("fwd")
-    p.dtype = _dtype_id(q.dtype)
-    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
-        _put(p, field, t, varlen)
-    _set_lse(p, lse)
-    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
-                  dropout_p)
-    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _set_score_mods(p, dropout_p, rng_state, alibi_slopes)
-    key = None
-    if device.type == "cuda":
-        key = _key("fwd", (qp, kp, vp), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
-                   softmax_scale, causal, window_left, window_right, softcap, backend,
-                   _mods_key(dropout_p, alibi_slopes))
-    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    opts = _options_values(index, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
+                           dropout_p)
+    fp64_lse = lse_dtype is torch.float64
+    _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kf, *vf, *of, 0 if fp64_lse else lse_ptr), opts)
+    if fp64_lse:
+        p.lse_fp64 = lse_ptr
+    if varlen:
+        _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if dropout_p > 0 or alibi_slopes is not None:
+        _set_score_mods(p, dropout_p, rng_state, alibi_slopes)
+    if index >= 0:
+        key = ("fwd", qf[1:], kf[1:], vf[1:], dtype_id, max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
+               opts, _mods_key(dropout_p, alibi_slopes))
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, q.device)
+        stream = _raw_stream(index)
+    else:
+        ws, ws_ptr, ws_bytes, stream = None, None, 0, None
+    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, stream)
     del ws  # stream-ordered: the allocator reuses it only after this stream's work
-    _lib.raise_for_status(status, "fwd")
+    if status:
+        _lib.raise_for_status(status, "fwd")
     if pad:
-        out = out[..., :d].contiguous()
+        out = out[..., :-pad].contiguous()
     return out, lse, rng_state
 
 
@@ -356,7 +481,7 @@ def _fwd_impl(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention forward: (out, lse). `deterministic` is used by the backward only."""
     out, lse, _ = _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                            window_left, window_right, softcap, 0.0, None, deterministic, backend)
+                            window_left, window_right, softcap, 0.0, None, deterministic, backend, False)
     return out, lse
 
 
@@ -561,19 +686,26 @@ fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerAttention(torch.autograd.Function):
-    """Eager-mode twin of flashattn::fwd + its autograd formula, without the custom-op wrapper."""
+    """Eager-mode twin of flashattn::fwd + its autograd formula, without the custom-op wrapper. Takes
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, rest) with rest = the op's other (non-tensor) arguments as one
+    tuple: autograd's per-input bookkeeping is what a call through apply pays for."""
 
     @staticmethod
-    def forward(ctx, *inputs):
-        out, lse = _fwd_impl(*inputs)
-        _setup_context(ctx, inputs, (out, lse))
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, rest):
+        out, lse = _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, *rest)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+         backend) = rest
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                    deterministic, _bwd_backend(backend))
+        ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         dq, dk, dv = _bwd_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
-        return (dq, dk, dv) + (None,) * 11
+        return dq, dk, dv, None, None, None
 
 
 def _setup_context_ext(ctx, inputs, output):
@@ -626,8 +758,8 @@ def attention(*inputs):
     """(out, lse) with autograd: the custom op while torch.compile traces, the direct path in eager."""
     if torch.compiler.is_compiling():
         return torch.ops.flashattn.fwd(*inputs)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3]):
-        return _EagerAttention.apply(*inputs)
+    if torch.is_grad_enabled() and (inputs[0].requires_grad or inputs[1].requires_grad or inputs[2].requires_grad):
+        return _EagerAttention.apply(*inputs[:5], inputs[5:])
     return _fwd_impl(*inputs)
 
 
@@ -687,14 +819,6 @@ def _raise_kv(status, what, glossary):
     _lib.raise_for_status(status, what)
 
 
-def _tensor_fields(t: Optional[torch.Tensor]):
-    if t is None:
-        return _NO_TENSOR
-    b, s, h, d = t.shape
-    st = t.stride()
-    return (t.data_ptr() if t.numel() else 0, b, s, h, d, st[0], st[1], st[2], 1)
-
-
 def _ptr(t: Optional[torch.Tensor]) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
@@ -706,14 +830,15 @@ def _index(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.contiguous()
 
 
-def _cache_usable(name: str, t: torch.Tensor) -> torch.Tensor:
-    """The cache itself: never copied (appends write into it, and a copy of a large cache per call is no
+def _cache_abi(name: str, t: torch.Tensor, vec: int, packed: bool):
+    """_abi of the cache itself: never copied (appends write into it, and a copy of a large cache per call is no
     option), so a layout the ABI cannot take is an error."""
-    if _usable(t) is not t:
+    u, fields = _abi(t, vec, packed)
+    if u is not t:
         need = "16-byte aligned data and strides (CUDA)" if t.device.type == "cuda" else "a contiguous last dim"
         raise ValueError(f"flashattn: {name} needs {need} (got strides {tuple(t.stride())}); it is used in place, "
                          "never copied")
-    return t
+    return fields
 
 
 def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -721,18 +846,24 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                   causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend):
     varlen = cu_seqlens_q is not None
     paged = block_table is not None
-    device = q.device
-    if device.type == "cuda" and _head_pad(q):
-        # The other ops pad such head dims (a padded copy); the cache is used in place and cannot be padded.
-        raise NotImplementedError(
-            f"flashattn: headdim {q.shape[-1]} with a KV cache on CUDA: the CUDA paths need a head dim that is a "
-            f"multiple of {_DEVICE_ALIGN // q.element_size()} here (the cache is used in place and cannot be "
-            "padded); pad the head dim of q, the cache and k/v yourself (zero columns, and pass softmax_scale)")
-    qp = _usable(q)
-    k_cache = _cache_usable("k_cache", k_cache)
-    v_cache = _cache_usable("v_cache", v_cache)
-    kp = None if k is None else _usable(k)
-    vp = None if v is None else _usable(v)
+    dtype = q.dtype
+    if q.is_cuda:
+        index = q.get_device()
+        vec = _vec(q)
+        if q.shape[-1] % vec:
+            # The other ops pad such head dims (a padded copy); the cache is used in place and cannot be padded.
+            raise NotImplementedError(
+                f"flashattn: headdim {q.shape[-1]} with a KV cache on CUDA: the CUDA paths need a head dim that is a "
+                f"multiple of {_DEVICE_ALIGN // q.element_size()} here (the cache is used in place and cannot be "
+                "padded); pad the head dim of q, the cache and k/v yourself (zero columns, and pass softmax_scale)")
+    else:
+        index, vec = -1, 0
+    qp, qf = _abi(q, vec, varlen)
+    kv_packed = varlen and not paged  # varlen without pages: k/v are packed [total_k, nheads_k, d]
+    kcf = _cache_abi("k_cache", k_cache, vec, kv_packed)
+    vcf = _cache_abi("v_cache", v_cache, vec, kv_packed)
+    kp, knf = (None, _NO_TENSOR) if k is None else _abi(k, vec, False)
+    vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False)
     cos = None if rotary_cos is None else rotary_cos.contiguous()
     sin = None if rotary_sin is None else rotary_sin.contiguous()
     cache_seqlens, cache_batch_idx, cache_leftpad = _index(cache_seqlens), _index(cache_batch_idx), _index(cache_leftpad)
@@ -741,45 +872,56 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     if alibi_slopes is not None:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
 
-    out = _alloc(qp.shape, q.dtype, device, 0.0 if varlen else None)
-    lse_dtype = _lse_dtype(q.dtype, backend)
-    if return_lse:
-        lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
+    dtype_id = _DTYPES.get(dtype) or _dtype_id(dtype)
+    _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
+    lse_dtype = _lse_dtype(dtype, backend)
+    if varlen or _POISON:
+        device = q.device
+        out = _alloc(qp.shape, dtype, device, 0.0 if varlen else None)
+        if return_lse:
+            lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
+        else:
+            lse = torch.empty(0, dtype=lse_dtype, device=device)
     else:
-        lse = torch.empty(0, dtype=lse_dtype, device=device)
+        out = qp.new_empty(B, S, H, D)
+        lse = qp.new_empty(B, H, S, dtype=lse_dtype) if return_lse else qp.new_empty(0, dtype=lse_dtype)
+    of = (out.data_ptr() if B * S * H * D else 0, B, S, H, D, S * H * D, H * D, D, 1)
+    lse_ptr = lse.data_ptr() if return_lse and B * H * S else 0
+    fp64_lse = lse_dtype is torch.float64
 
     p = _new_params("fwd")
-    p.dtype = _dtype_id(q.dtype)
-    _put(p, "q", qp, varlen)
-    _put(p, "out", out, varlen)
-    kv_packed = varlen and not paged  # varlen without pages: k/v are packed [total_k, nheads_k, d]
-    _put(p, "k", k_cache, kv_packed)
-    _put(p, "v", v_cache, kv_packed)
-    if return_lse:
-        _set_lse(p, lse)
-    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, False, backend)
-    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _set_score_mods(p, 0.0, None, alibi_slopes)
+    opts = _options_values(index, softmax_scale, causal, window_left, window_right, softcap, False, backend)
+    _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kcf, *vcf, *of, 0 if fp64_lse else lse_ptr), opts)
+    if fp64_lse:
+        p.lse_fp64 = lse_ptr
+    if varlen:
+        _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if alibi_slopes is not None:
+        _set_score_mods(p, 0.0, None, alibi_slopes)
     _KV_CACHE.pack_into(
         p, _KV_CACHE_OFFSET,
         _ptr(block_table), block_table.stride(0) if paged else 0, block_table.shape[1] if paged else 0,
         _ptr(cache_seqlens), _ptr(cache_leftpad), _ptr(cache_batch_idx),
-        *_tensor_fields(kp), *_tensor_fields(vp),
+        *knf, *vnf,
         _ptr(cos), _ptr(sin), cos.shape[0] if cos is not None else 0, 2 * cos.shape[1] if cos is not None else 0,
         int(bool(rotary_interleaved)) if cos is not None else 0)
     p.num_splits = num_splits
-    key = None
-    if device.type == "cuda":
-        key = _key("fwd_kvcache", [t for t in (qp, k_cache, v_cache, kp, vp, cos, block_table) if t is not None],
-                   max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), kp is not None, cos is not None,
-                   cache_seqlens is not None, cache_leftpad is not None, cache_batch_idx is not None, softmax_scale,
-                   causal, window_left, window_right, softcap, bool(rotary_interleaved), num_splits, return_lse,
-                   backend, _mods_key(0.0, alibi_slopes))
     glossary = _GLOSSARY_PAGED if varlen else _GLOSSARY_KVCACHE
-    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device, lambda st, what: _raise_kv(st, what, glossary))
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    if index >= 0:
+        key = ("fwd_kvcache", qf[1:], kcf[1:], vcf[1:], knf[1:], vnf[1:], dtype_id,
+               None if cos is None else (tuple(cos.shape), tuple(cos.stride())),
+               None if block_table is None else (tuple(block_table.shape), tuple(block_table.stride())),
+               max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), cache_seqlens is not None,
+               cache_leftpad is not None, cache_batch_idx is not None, bool(rotary_interleaved), num_splits, return_lse,
+               opts, _mods_key(0.0, alibi_slopes))
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, q.device, lambda st, what: _raise_kv(st, what, glossary))
+        stream = _raw_stream(index)
+    else:
+        ws, ws_ptr, ws_bytes, stream = None, None, 0, None
+    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, stream)
     del ws
-    _raise_kv(status, "fwd", glossary)
+    if status:
+        _raise_kv(status, "fwd", glossary)
     return out, lse
 
 

@@ -49,6 +49,8 @@ _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _int_like(x):
     """x as a Python int if it is an integer of any kind (int, numpy or 0-d torch integer), else None."""
+    if type(x) is int:
+        return x
     if isinstance(x, bool) or (isinstance(x, torch.Tensor) and (x.dim() != 0 or x.is_floating_point())):
         return None
     try:
@@ -59,6 +61,10 @@ def _int_like(x):
 
 def _check_window(window_size):
     """window_size as flash_attn takes it: any pair of int-likes (tuple, list, torch or numpy)."""
+    if type(window_size) is tuple and len(window_size) == 2:  # the usual (left, right) of Python ints: no copies
+        left, right = window_size
+        if type(left) is int and type(right) is int and left >= -1 and right >= -1:
+            return left, right
     try:
         left, right = (_int_like(x) for x in window_size)
     except (TypeError, ValueError):
@@ -86,6 +92,24 @@ def _check_softmax_scale(softmax_scale, headdim):
 
 
 def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
+    """q, k, v (or q, k_cache, v_cache): tensors on one device, one supported dtype, ranks packed_ndim (q) and
+    kv_ndim (k, v; default packed_ndim), one head dim, GQA-compatible heads, and (same_batch, 4-D) one batch.
+    The usual valid call passes one combined test (each attribute read once); anything else goes through
+    _check_inputs_slow, which raises the error naming the first failed check."""
+    kv_ndim = packed_ndim if kv_ndim is None else kv_ndim
+    if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
+        dev, dt = q.device, q.dtype
+        qs, ks = q.shape, k.shape
+        if (k.device == dev and v.device == dev and k.dtype == dt and v.dtype == dt
+                and (dt in _CUDA_DTYPES if q.is_cuda else q.is_cpu and dt in _CPU_DTYPES)
+                and len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
+                and qs[-1] == ks[-1] and qs[-1] != 0 and qs[-2] != 0 and ks[-2] != 0 and qs[-2] % ks[-2] == 0
+                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0])):
+            return
+    _check_inputs_slow(q, k, v, packed_ndim, kv_ndim, names, same_batch)
+
+
+def _check_inputs_slow(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
     """q, k, v (or q, k_cache, v_cache): tensors on one device, one supported dtype, ranks packed_ndim (q) and
     kv_ndim (k, v; default packed_ndim), one head dim, GQA-compatible heads, and (same_batch, 4-D) one batch."""
     kv_ndim = packed_ndim if kv_ndim is None else kv_ndim
