@@ -448,6 +448,9 @@ flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const
                        set, dtype_name(p.dtype));
     return FLASHATTN_SUCCESS;
   }
+  if (p.struct_size <= offsetof(flashattn_fwd_params, fp8))
+    return set_error(kInvalid, "fp8: params.struct_size %u predates the fp8 fields, which dtype fp8_e4m3 needs (build "
+                               "against this header)", p.struct_size);
   if (f.out_dtype != FLASHATTN_DTYPE_BF16 && f.out_dtype != FLASHATTN_DTYPE_FP16)
     return set_error(kInvalid, "fp8.out_dtype: %s (FP8 attention writes bf16 or fp16: FLASHATTN_DTYPE_BF16 or _FP16)",
                      f.out_dtype == 0 ? "0 (unset)" : dtype_name(f.out_dtype));
@@ -470,9 +473,8 @@ flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const
                    Scale{"fp8.v_scale", f.v_scale, k_count}}) {
     if (sc.ptr == nullptr) {
       if (sc.count == 0) continue;
-      return set_error(kInvalid, "%s: NULL (dtype fp8_e4m3 needs %lld scales: [batch, nheads, blocks]%s)", sc.name,
-                       (long long)sc.count, p.struct_size <= offsetof(flashattn_fwd_params, fp8)
-                                                ? "; struct_size predates the fp8 fields" : "");
+      return set_error(kInvalid, "%s: NULL (dtype fp8_e4m3 needs %lld scales: [batch, nheads, blocks])", sc.name,
+                       (long long)sc.count);
     }
     flashattn_status s = check_lse(sc.name, sc.ptr, false, 0, ctx);  // aligned, in the tensors' memory space
     if (s != FLASHATTN_SUCCESS) return s;
