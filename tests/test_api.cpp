@@ -158,9 +158,15 @@ TEST(Api, UnsupportedDtype) {
   Problem p;
   p.fwd.dtype = flashattn_dtype(99);
   expect_rejected(p, FLASHATTN_ERROR_INVALID_ARGUMENT, "dtype");
+  // FP8 is a real forward dtype now: without its scales the call names the first missing fp8 field
+  // (tests/test_fp8_attention.cpp covers the rest), and the backward refuses it by name.
   Problem p2;
   p2.fwd.dtype = FLASHATTN_DTYPE_FP8_E4M3;
-  expect_rejected(p2, FLASHATTN_ERROR_NOT_SUPPORTED, "dtype");
+  expect_rejected(p2, FLASHATTN_ERROR_INVALID_ARGUMENT, "fp8.out_dtype");
+  p2.bwd.dtype = FLASHATTN_DTYPE_FP8_E4M3;
+  EXPECT_EQ(flashattn_bwd(&p2.bwd, nullptr, 0, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(std::string(flashattn_last_error()).find("dtype: fp8_e4m3 has no backward"), std::string::npos)
+      << flashattn_last_error();
 }
 
 TEST(Api, UnsupportedHeaddim) {

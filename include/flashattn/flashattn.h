@@ -38,7 +38,16 @@
  * current size and every earlier one, and reads only the fields an earlier size covers (the
  * ones added later read as zero/NULL): flashattn_fwd_params/flashattn_bwd_params ended after
  * `varlen` before `lse_fp64` was added, and after `lse_fp64` before the dropout/ALiBi fields;
- * flashattn_fwd_params ended after `alibi_batch_stride` before `kv_cache` and `num_splits`.
+ * flashattn_fwd_params ended after `alibi_batch_stride` before `kv_cache` and `num_splits`, and after
+ * `num_splits` before `fp8`.
+ *
+ * FP8 attention (dtype FLASHATTN_DTYPE_FP8_E4M3, forward only): q, k, v hold E4M3 codes (1 byte,
+ * torch.float8_e4m3fn) and each row of each head has an fp32 scale (flashattn_fp8_scales below); the
+ * attention is that of the dequantized inputs
+ *   q[b, i, h, c] = e4m3(code) * q_scale[b, h, i / q_block_size]     (likewise k, v with k_block_size)
+ * (the exact product: 4 + 24 significant bits), written as fp16 or bf16 (fp8.out_dtype), LSE fp32.
+ * Host tensors run on the reference backend (AUTO picks it for FP8); the CUDA paths have no FP8
+ * kernel yet and return FLASHATTN_ERROR_NOT_SUPPORTED naming dtype. flashattn_bwd refuses FP8.
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -78,7 +87,8 @@ typedef enum flashattn_dtype {
                                    backend, in fp64 throughout (the cpu backend, if chosen, accumulates
                                    in fp32). The LSE is fp32 in `lse`, or exact fp64 in `lse_fp64`
                                    (reference backend, which AUTO picks for fp64) */
-  FLASHATTN_DTYPE_FP8_E4M3 = 5  /* reserved: returns FLASHATTN_ERROR_NOT_SUPPORTED */
+  FLASHATTN_DTYPE_FP8_E4M3 = 5  /* forward input only, with flashattn_fwd_params.fp8 (scales, block
+                                   sizes, out_dtype); host tensors (reference backend) for now */
 } flashattn_dtype;
 
 typedef enum flashattn_backend {
@@ -168,11 +178,31 @@ typedef struct flashattn_kv_cache {
   int32_t rotary_interleaved;  /* 0 or 1 */
 } flashattn_kv_cache;
 
+/* The scales of FP8 inputs (dtype FLASHATTN_DTYPE_FP8_E4M3); all zero/NULL for other dtypes (a field
+ * set with another dtype is refused). One fp32 scale per (sequence, head, block of block_size rows),
+ * blocks counted from each sequence's first row (row i of sequence b is in block i / block_size),
+ * contiguous fp32, 4-byte aligned, in the tensors' memory space:
+ *   q_scale [batch, nheads_q,  ceil(seqlen_q / q_block_size)]
+ *   k_scale, v_scale [batch, nheads_kv, ceil(seqlen_k / k_block_size)]
+ * what flashattn_fp8_quantize writes for each tensor. block_size >= the sequence length gives one
+ * scale per (batch, head); a per-tensor scale is that with every entry equal (the arrays are
+ * b * h * blocks floats: broadcasting by copying costs nothing, and dense arrays leave no stride for
+ * a caller to forget). Varlen: batch = varlen.batch, seqlen = varlen.max_seqlen_q / _k (each
+ * sequence uses the first ceil(len / block_size) entries of its row of blocks). */
+typedef struct flashattn_fp8_scales {
+  const float* q_scale;
+  const float* k_scale;
+  const float* v_scale;
+  int32_t q_block_size;      /* rows per scale block of q, >= 1 */
+  int32_t k_block_size;      /* rows per scale block of k and of v, >= 1 */
+  flashattn_dtype out_dtype; /* of `out`: FLASHATTN_DTYPE_BF16 or FLASHATTN_DTYPE_FP16 */
+} flashattn_fp8_scales;
+
 typedef struct flashattn_fwd_params {
   uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow (see the top) */
   flashattn_dtype dtype;
   flashattn_tensor q, k, v; /* inputs */
-  flashattn_tensor out;     /* output, same shape as q */
+  flashattn_tensor out;     /* output, same shape as q; in dtype (FP8: in fp8.out_dtype) */
   float* lse;               /* output, may be NULL (inference) */
   flashattn_options options;
   flashattn_varlen varlen;
@@ -198,6 +228,9 @@ typedef struct flashattn_fwd_params {
                                   ranges (fewer if the keys have fewer blocks) merged as
                                   flashattn_combine does. CUDA paths, KV-cache calls; the host paths
                                   never split: the value changes no result, only rounding */
+  /* Appended for FP8 attention (read only when struct_size covers it): the scales of dtype
+   * FLASHATTN_DTYPE_FP8_E4M3 inputs (see flashattn_fp8_scales); zero for other dtypes. */
+  flashattn_fp8_scales fp8;
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {

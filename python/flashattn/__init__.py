@@ -75,6 +75,7 @@ if _torch is not None:
     )
     from .combine import combine  # noqa: E402
     from .fp8 import dequantize as fp8_dequantize  # noqa: E402
+    from .fp8 import flash_attn_fp8_func  # noqa: E402
     from .fp8 import quantize as fp8_quantize  # noqa: E402
 else:  # pragma: no cover
 
@@ -85,8 +86,8 @@ else:  # pragma: no cover
         f.__name__ = name
         return f
 
-    for _n in _TORCH_API + ["combine", "fp8_quantize", "fp8_dequantize"]:
+    for _n in _TORCH_API + ["combine", "fp8_quantize", "fp8_dequantize", "flash_attn_fp8_func"]:
         globals()[_n] = _needs_torch(_n)
 
-__all__ = _TORCH_API + ["FlashAttnError", "combine", "compiled_backends", "device_info", "fp8_dequantize",
-                       "fp8_quantize", "install_as_flash_attn", "library_path", "version"]
+__all__ = _TORCH_API + ["FlashAttnError", "combine", "compiled_backends", "device_info", "flash_attn_fp8_func",
+                       "fp8_dequantize", "fp8_quantize", "install_as_flash_attn", "library_path", "version"]

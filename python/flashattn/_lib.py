@@ -24,6 +24,7 @@ DTYPE_FP16 = 1
 DTYPE_BF16 = 2
 DTYPE_FP32 = 3
 DTYPE_FP64 = 4
+DTYPE_FP8_E4M3 = 5  # forward input only, with FwdParams.fp8
 
 BACKEND_AUTO = 0
 BACKEND_REFERENCE = 1
@@ -93,6 +94,19 @@ class KvCache(ctypes.Structure):
     ]
 
 
+class Fp8Scales(ctypes.Structure):
+    """flashattn_fp8_scales: the block scales of FP8 (E4M3) q/k/v and the 16-bit output dtype."""
+
+    _fields_ = [
+        ("q_scale", ctypes.c_void_p),  # const float*: contiguous [batch, nheads_q, ceil(seqlen_q / q_block_size)]
+        ("k_scale", ctypes.c_void_p),  # const float*: contiguous [batch, nheads_k, ceil(seqlen_k / k_block_size)]
+        ("v_scale", ctypes.c_void_p),  # const float*: as k_scale
+        ("q_block_size", ctypes.c_int32),  # rows per scale block of q (>= 1)
+        ("k_block_size", ctypes.c_int32),  # rows per scale block of k and v (>= 1)
+        ("out_dtype", ctypes.c_int),  # C enum: DTYPE_BF16 or DTYPE_FP16
+    ]
+
+
 class FwdParams(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -114,6 +128,8 @@ class FwdParams(ctypes.Structure):
         # Inference (appended after alibi_batch_stride).
         ("kv_cache", KvCache),  # zero = plain contiguous k/v
         ("num_splits", ctypes.c_int32),  # split-KV: 0 = heuristic, 1 = never split, n > 1 = at most n
+        # FP8 attention (appended after num_splits): zero unless dtype is DTYPE_FP8_E4M3.
+        ("fp8", Fp8Scales),
     ]
 
 

@@ -763,6 +763,101 @@ def attention(*inputs):
     return _fwd_impl(*inputs)
 
 
+# ---- FP8 (E4M3) attention, forward only ------------------------------------------------------------------------
+# flashattn::fwd_fp8: q, k, v torch.float8_e4m3fn with float32 block scales, contiguous [batch, nheads,
+# nblocks] (interface.py turns per-tensor and per-head scales into that layout); out in out_dtype (bfloat16
+# or float16), lse float32. No autograd formula: FP8 attention is for inference, and interface.py refuses
+# inputs that require grad before calling it. Host tensors run on the reference backend (the exact
+# attention of the dequantized inputs); the CUDA paths refuse FP8 until the sm90 kernel lands.
+
+_FP8_OUT_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}
+
+
+def _fwd_fp8_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_scale: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    q_block_size: int,
+    k_block_size: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+    backend: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FP8 attention forward: (out, lse). q/k/v float8_e4m3fn; q_scale float32 [batch, nheads, ceil(seqlen_q /
+    q_block_size)], k_scale/v_scale [batch, nheads_k, ceil(seqlen_k / k_block_size)] (varlen: batch = the number
+    of sequences, seqlen = max_seqlen); value = float(code) * scale[b, h, row // block_size], rows counted from
+    each sequence's start. out (q's shape) in out_dtype, lse float32."""
+    if out_dtype not in _FP8_OUT_DTYPES:
+        raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 attention, got {out_dtype}")
+    varlen = cu_seqlens_q is not None
+    device = q.device
+    d = q.shape[-1]
+    pad = _head_pad(q)
+    qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
+    scales = [t.contiguous() for t in (q_scale, k_scale, v_scale)]
+    out = _alloc(qp.shape, out_dtype, device, 0.0 if varlen else None)
+    lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
+    if alibi_slopes is not None:
+        alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
+
+    p = _new_params("fwd")
+    p.dtype = _lib.DTYPE_FP8_E4M3
+    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
+        _put(p, field, t, varlen)
+    _set_lse(p, lse)
+    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, False, backend)
+    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _set_score_mods(p, 0.0, None, alibi_slopes)
+    p.fp8.q_scale, p.fp8.k_scale, p.fp8.v_scale = (_ptr(t) for t in scales)
+    p.fp8.q_block_size = q_block_size
+    p.fp8.k_block_size = k_block_size
+    p.fp8.out_dtype = _FP8_OUT_DTYPES[out_dtype]
+    key = None
+    if device.type == "cuda":
+        key = _key("fwd_fp8", (qp, kp, vp, *scales), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
+                   q_block_size, k_block_size, out_dtype, softmax_scale, causal, window_left, window_right, softcap,
+                   backend, _mods_key(0.0, alibi_slopes))
+    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
+    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    del ws
+    _lib.raise_for_status(status, "fwd (fp8)")
+    if pad:
+        out = out[..., :d].contiguous()
+    return out, lse
+
+
+def _fwd_fp8_fake(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  q_block_size, k_block_size, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                  out_dtype, backend):
+    out = q.new_empty(q.shape, dtype=out_dtype)
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return out, lse
+
+
+fwd_fp8 = torch.library.custom_op("flashattn::fwd_fp8", _fwd_fp8_impl, mutates_args=())
+fwd_fp8.register_fake(_fwd_fp8_fake)
+
+
+def fp8_attention(*inputs):
+    """(out, lse) of flashattn::fwd_fp8 (arguments as the op): the op while torch.compile traces, the direct path
+    in eager. No autograd (the caller refuses inputs that require grad)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.flashattn.fwd_fp8(*inputs)
+    return _fwd_fp8_impl(*inputs)
+
+
 # ---- KV cache / paged KV (flash_attn_with_kvcache; flash_attn_varlen_func with block_table) ----------------------
 # Two ops, so that mutation is declared exactly when it happens (a declared mutation makes torch.compile's
 # functionalization clone or copy back the whole cache):

@@ -15,6 +15,10 @@ Per element of x', |scale * x_fp8 - x'| <= 2^-4 |x'| (or 2^-10 scale for |x'| < 
 
 Runs the C library's flashattn_fp8_quantize / flashattn_fp8_dequantize on CPU tensors; CUDA tensors
 raise NotImplementedError until the GPU quantizer lands. No autograd. See docs/fp8.md.
+
+`flash_attn_fp8_func` quantizes q, k, v this way and runs FP8 attention (flash_attn_func on
+float8_e4m3fn inputs with their scales): Q and K share the Hadamard transform (so Q K^T is kept),
+V is quantized untransformed (its transform would not cancel in P V).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from . import _lib
 from ._ops import _alloc  # NaN-filled under FLASHATTN_DEBUG_POISON=1 (tests)
 
-__all__ = ["quantize", "dequantize"]
+__all__ = ["quantize", "dequantize", "flash_attn_fp8_func"]
 
 _DTYPES = {
     torch.float16: _lib.DTYPE_FP16,
@@ -169,3 +173,47 @@ def dequantize(x_fp8: torch.Tensor, scales: torch.Tensor, block_size: int, hadam
     x = _alloc((b, s, h, d), dtype, x_fp8.device, None)
     _run("flashattn_fp8_dequantize", x, x_fp8, scales, bs, bool(hadamard), seed)
     return x
+
+
+def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale=None, causal: bool = False,
+                        window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None, hadamard: bool = True,
+                        block_size: int = 128, seed: int = 0, out_dtype=None, return_attn_probs: bool = False):
+    """FP8 attention of 16/32/64-bit q, k, v: quantize each to E4M3 with block scales, then attend.
+
+    Q and K are quantized after the same random-sign Hadamard transform (hadamard=True, the same seed: Q K^T
+    is unchanged, outliers are spread over the head dim); V without it. Every tensor gets one scale per
+    (batch, head, block of block_size tokens). Then flash_attn_func(q_fp8, k_fp8, v_fp8, q_scale=..., ...)
+    with the same softmax_scale (default 1/sqrt(headdim): the transform keeps headdim), masks, softcap
+    and ALiBi. Forward only (inputs that require grad are refused).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); float16, bfloat16,
+            float32 or float64 CPU tensors (the quantizer is host-only for now).
+        hadamard: transform Q and K first (headdim 16, 32, 64, 128 or 256).
+        block_size: tokens per scale block (>= seqlen: one scale per (batch, head)).
+        seed: keys the transform's random signs.
+        out_dtype: torch.bfloat16 or torch.float16; default q's dtype if 16-bit, else bfloat16.
+
+    Returns:
+        out (batch, seqlen_q, nheads, headdim) in out_dtype, or (out, softmax_lse float32, None) with
+        return_attn_probs=True.
+    """
+    from .interface import flash_attn_func
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"flashattn.fp8.flash_attn_fp8_func: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("flashattn.fp8.flash_attn_fp8_func: FP8 attention is forward-only, but an input requires "
+                           "grad: call it under torch.no_grad(), or detach the inputs")
+    if out_dtype is None:
+        out_dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+    q_fp8, q_scale = quantize(q, block_size=block_size, hadamard=hadamard, seed=seed)
+    k_fp8, k_scale = quantize(k, block_size=block_size, hadamard=hadamard, seed=seed)
+    v_fp8, v_scale = quantize(v, block_size=block_size, hadamard=False)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    return flash_attn_func(q_fp8, k_fp8, v_fp8, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
+                           q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, q_block_size=block_size,
+                           k_block_size=block_size, out_dtype=out_dtype)

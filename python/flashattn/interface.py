@@ -43,6 +43,7 @@ __all__ = [
 # out, or (out, softmax_lse, S_dmask or None) with return_attn_probs=True.
 _Out = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 
+_FP8 = torch.float8_e4m3fn
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -123,7 +124,9 @@ def _check_inputs_slow(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"flashattn: {qn}, {kn}, {vn} must have the same dtype (got {qn}: {q.dtype}, {kn}: "
                          f"{k.dtype}, {vn}: {v.dtype})")
-    if q.device.type == "cuda":
+    if q.dtype == _FP8 and q.device.type in ("cpu", "cuda"):
+        pass  # FP8 attention (_flash_attn_fp8): the library says which paths run it
+    elif q.device.type == "cuda":
         if q.dtype not in _CUDA_DTYPES:
             if q.dtype in _CPU_DTYPES:
                 raise NotImplementedError(
@@ -195,11 +198,159 @@ def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
             f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
 
 
+class _Fp8Args:
+    """The FP8 keyword arguments of the public functions, FA3's *_descale aliases merged in."""
+
+    def __init__(self, q_scale=None, k_scale=None, v_scale=None, q_descale=None, k_descale=None, v_descale=None,
+                 q_block_size=128, k_block_size=128, out_dtype=None):
+        def pick(name, value, alias, alias_value):
+            if alias_value is None:
+                return value
+            if value is not None:
+                raise ValueError(f"flashattn: {name} and {alias} are the same argument (FA3 calls it {alias}); give one")
+            return alias_value
+
+        self.q_scale = pick("q_scale", q_scale, "q_descale", q_descale)
+        self.k_scale = pick("k_scale", k_scale, "k_descale", k_descale)
+        self.v_scale = pick("v_scale", v_scale, "v_descale", v_descale)
+        self.q_block_size, self.k_block_size, self.out_dtype = q_block_size, k_block_size, out_dtype
+
+    def first_given(self):
+        """The name of the first FP8-only argument given (the block sizes have defaults), or None."""
+        for name in ("q_scale", "k_scale", "v_scale", "out_dtype"):
+            if getattr(self, name) is not None:
+                return name
+        return None
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _check_block_size(name, value):
+    if isinstance(value, bool) or _int_like(value) is None or _int_like(value) < 1:
+        raise ValueError(f"flashattn: {name} must be an integer >= 1 (rows per scale block), got {value!r}")
+    return min(_int_like(value), _INT32_MAX)
+
+
+def _fp8_scale_views(names, scales, batch, heads, seqlen, block_size, block_name, device, heads_q=None):
+    """Scales of q (one tensor) or of k and v (two, sharing one block size) in the C ABI's layout: contiguous
+    float32 [batch, heads, nblocks] and the block size. Each may be per tensor (shape () or (1,)), per (batch,
+    head) ((batch, heads), or (batch, heads, 1)), or per block of block_size rows ((batch, heads, ceil(seqlen /
+    block_size))). For q, (batch, nheads_k) is FA3's q_descale layout (one scale per GQA group): heads_q = nheads
+    expands it. Per-tensor and per-head scales are copied out over the blocks (the arrays are tiny)."""
+    nblocks = -(-seqlen // block_size) if seqlen > 0 else 0
+    shaped = []
+    for name, t in zip(names, scales):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"flashattn: {name} must be a float32 torch.Tensor for float8_e4m3fn inputs, got "
+                             f"{type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"flashattn: {name} must be float32, got {t.dtype}")
+        if t.device != device:
+            raise ValueError(f"flashattn: {name} must be on the same device as q (got {t.device}, q: {device})")
+        t = t.detach()
+        shape = tuple(t.shape)
+        fa3_q = heads_q is not None and heads_q != heads and shape == (batch, heads)
+        if shape in ((), (1,)):
+            t, blocks = t.reshape(1, 1, 1).expand(batch, heads_q or heads, 1), None
+        elif fa3_q:
+            t, blocks = t.repeat_interleave(heads_q // heads, dim=1).unsqueeze(-1), None
+        elif shape == (batch, heads_q or heads):
+            t, blocks = t.unsqueeze(-1), None
+        elif shape == (batch, heads_q or heads, 1):
+            blocks = None
+        elif shape == (batch, heads_q or heads, nblocks):
+            blocks = nblocks
+        else:
+            h = heads_q or heads
+            fa3 = f", (batch, nheads_k) = {(batch, heads)} (FA3's q_descale)" if heads_q and heads_q != heads else ""
+            raise ValueError(
+                f"flashattn: {name} has shape {shape}; expected () or (1,) (per tensor), (batch, nheads) = "
+                f"{(batch, h)}{fa3} (per head), or (batch, nheads, ceil(seqlen / {block_name})) = "
+                f"{(batch, h, nblocks)} (block scales, {block_name} = {block_size}; pass {block_name} for another)")
+        shaped.append((t, blocks))
+    # One block size for the group: block_size if any tensor has real blocks, else one block per sequence.
+    blocked = any(b is not None and b > 1 for _, b in shaped)
+    c_block = block_size if blocked else min(max(seqlen, 1), _INT32_MAX)
+    n = nblocks if blocked else (1 if seqlen > 0 else 0)
+    out = [t.expand(t.shape[0], t.shape[1], n).contiguous() if t.shape[-1] != n else t.contiguous() for t, _ in shaped]
+    return out, c_block
+
+
+def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                    causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, backend,
+                    fp8):
+    """FP8 (E4M3) attention: q, k, v torch.float8_e4m3fn with float32 scales; forward only."""
+    names = ("q", "k", "v")
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if not q.dtype == k.dtype == v.dtype == _FP8:
+        raise ValueError(f"flashattn: FP8 attention needs q, k, v all torch.float8_e4m3fn (got q: {q.dtype}, "
+                         f"k: {k.dtype}, v: {v.dtype})")
+    if block_table is not None or seqused_k is not None:
+        raise NotImplementedError("flashattn: block_table / seqused_k with float8_e4m3fn inputs: the KV cache is not "
+                                  "supported for FP8 attention")
+    if dropout_p > 0:
+        raise NotImplementedError(f"flashattn: dropout_p={dropout_p} with float8_e4m3fn inputs: FP8 attention is "
+                                  "forward-only (inference); pass dropout_p=0")
+    missing = [n for n in ("q_scale", "k_scale", "v_scale") if getattr(fp8, n) is None]
+    if missing:
+        raise ValueError(f"flashattn: {missing[0]} (FA3: {missing[0].replace('scale', 'descale')}) is required for "
+                         "float8_e4m3fn inputs: the float32 scales the codes are multiplied by (see flashattn.fp8)")
+    scales = (fp8.q_scale, fp8.k_scale, fp8.v_scale)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *scales)
+                                       if isinstance(t, torch.Tensor)):
+        raise RuntimeError("flashattn: FP8 attention is forward-only (no backward for float8_e4m3fn inputs), but an "
+                           "input or scale requires grad: call it under torch.no_grad(), or detach the inputs")
+    out_dtype = torch.bfloat16 if fp8.out_dtype is None else fp8.out_dtype
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 (FP8 attention writes 16-bit "
+                         f"outputs), got {out_dtype!r}")
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    _check_inputs(q, k, v, 3 if varlen else 4)
+    if varlen:
+        _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+        max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    q_block = _check_block_size("q_block_size", fp8.q_block_size)
+    k_block = _check_block_size("k_block_size", fp8.k_block_size)
+    hq, hk = q.shape[-2], k.shape[-2]
+    (q_scale,), q_block = _fp8_scale_views(("q_scale",), scales[:1], batch, hk, seqlen_q, q_block, "q_block_size",
+                                           q.device, heads_q=hq)
+    (k_scale, v_scale), k_block = _fp8_scale_views(("k_scale", "v_scale"), scales[1:], batch, hk, seqlen_k, k_block,
+                                                   "k_block_size", q.device)
+    window_left, window_right = _check_window(window_size)
+    if causal:
+        window_right = 0
+    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
+    softcap = _check_softcap(softcap)
+    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    out, lse = _ops.fp8_attention(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, q_block, k_block, float(softmax_scale), bool(causal), window_left,
+                                  window_right, float(softcap), alibi_slopes, out_dtype, _lib.backend_id(backend))
+    if return_attn_probs:
+        return out, lse, None
+    return out
+
+
 def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
                 softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None, backend="auto"):
-    """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90."""
+                deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None, backend="auto",
+                fp8=None):
+    """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90.
+    fp8: the _Fp8Args of the functions that take them (float8_e4m3fn inputs)."""
     dropout_p = _ops.check_dropout_p(dropout_p)
+    fp8 = fp8 or _Fp8Args()
+    if any(isinstance(t, torch.Tensor) and t.dtype == _FP8 for t in (q, k, v)):
+        return _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                               softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+                               block_table, seqused_k, backend, fp8)
+    if fp8.first_given() is not None:
+        raise ValueError(f"flashattn: {fp8.first_given()} is for float8_e4m3fn inputs (q is "
+                         f"{getattr(q, 'dtype', type(q).__name__)})")
     if block_table is not None or seqused_k is not None:
         return _varlen_kv_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
@@ -302,7 +453,10 @@ def _attn_probs(q, k, lse, rng_state, softmax_scale, window_left, window_right, 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
-                    return_attn_probs: bool = False) -> _Out:
+                    return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                    v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
+                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim).
 
     nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
@@ -323,10 +477,23 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     probabilities P (after softcap, ALiBi and masks; P = exp(S - softmax_lse)) with the dropped entries
     negated (before the 1 / (1 - p) scaling), computed in torch from the call's random numbers.
     softmax_lse is not affected by dropout and carries no gradient.
+
+    FP8 (forward only, inference): q, k, v torch.float8_e4m3fn with float32 scales q_scale, k_scale,
+    v_scale (FA3's names q_descale, k_descale, v_descale are accepted too). The attention is that of the
+    dequantized inputs x = float(code) * scale, each scale covering a block of q_block_size (q) or
+    k_block_size (k and v) rows of one (batch, head), rows counted from each sequence's start:
+    q_scale (batch, nheads, ceil(seqlen_q / q_block_size)), k_scale/v_scale (batch, nheads_k,
+    ceil(seqlen_k / k_block_size)) as flashattn.fp8.quantize returns them; or per (batch, head): (batch,
+    nheads) (for q also FA3's (batch, nheads_k)); or per tensor: shape () or (1,). Returns out in out_dtype
+    (torch.bfloat16 by default, or torch.float16) and a float32 softmax_lse. dropout_p must be 0; inputs that
+    require grad are refused. CPU tensors run the exact reference (fp64 attention of the dequantized inputs);
+    CUDA has no FP8 kernel yet (NotImplementedError). flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
     """
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                       deterministic=deterministic, return_attn_probs=return_attn_probs)
+                       deterministic=deterministic, return_attn_probs=return_attn_probs,
+                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       k_block_size, out_dtype))
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -345,14 +512,19 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
-                             return_attn_probs: bool = False) -> _Out:
+                             return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                             v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                             k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
+                             k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Arguments
-    (dropout_p, alibi_slopes, ...) and returns as flash_attn_func."""
+    (dropout_p, alibi_slopes, the FP8 scales, ...) and returns as flash_attn_func."""
     _check_packed(kv, "kv", 5, 2, 2)
     k, v = kv.unbind(dim=2)
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                       deterministic=deterministic, return_attn_probs=return_attn_probs)
+                       deterministic=deterministic, return_attn_probs=return_attn_probs,
+                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       k_block_size, out_dtype))
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -361,7 +533,10 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None,
-                           seqused_k: Optional[Tensor] = None) -> _Out:
+                           seqused_k: Optional[Tensor] = None, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                           v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                           k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
+                           k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None) -> _Out:
     """q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_*: int32 (batch + 1,).
 
     Sequence b occupies rows [cu_seqlens[b], cu_seqlens[b + 1]). Options as flash_attn_func;
@@ -375,11 +550,17 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     seqused_k: int32 (batch,), optional: sequence b attends to its first seqused_k[b] keys only (masks bottom-right
     aligned to that length). Both are forward-only (no dropout): a backward through the result raises
     RuntimeError. Host paths only for now: the CUDA paths raise NotImplementedError naming the field.
+    FP8 (float8_e4m3fn q/k/v with q_scale/k_scale/v_scale, ...) as flash_attn_func, with batch = the number of
+    sequences and seqlen = max_seqlen_q / max_seqlen_k in the scales' shapes: sequence b's row i has the scale of
+    block i // block_size of its own row of scales (blocks start at each sequence's first row; a sequence
+    shorter than max_seqlen leaves its last entries unread).
     """
     return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, deterministic=deterministic,
-                       return_attn_probs=return_attn_probs, block_table=block_table, seqused_k=seqused_k)
+                       return_attn_probs=return_attn_probs, block_table=block_table, seqused_k=seqused_k,
+                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       k_block_size, out_dtype))
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
@@ -401,14 +582,19 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
                                     softmax_scale: Optional[float] = None, causal: bool = False,
                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
-                                    return_attn_probs: bool = False) -> _Out:
+                                    return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                                    v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
+                                    k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
+                                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None) -> _Out:
     """q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). As flash_attn_varlen_func."""
     _check_packed(kv, "kv", 4, 1, 2)
     k, v = kv.unbind(dim=1)
     return _flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, deterministic=deterministic,
-                       return_attn_probs=return_attn_probs)
+                       return_attn_probs=return_attn_probs,
+                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       k_block_size, out_dtype))
 
 
 def _check_packed(t, name, ndim, dim, n):

@@ -50,7 +50,7 @@ flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::
 
   if (dtype_size(p.dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(p.dtype));
   if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3)
-    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp8_e4m3 is reserved, not implemented");
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp8_e4m3 is an attention input only (partial outputs are fp16, bf16, fp32 or fp64)");
   if (p.num_splits < 1) return set_error(kInvalid, "num_splits: %d (must be >= 1)", p.num_splits);
 
   const int64_t* shp = p.out_partial_shape;

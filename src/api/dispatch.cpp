@@ -91,11 +91,13 @@ flashattn_status select(const P& params, const CallContext& ctx, const Backend**
     if (b->on_device != device) continue;
     if (device && !runs_on(*b, cc)) continue;
     // AUTO on the host: the tiled path (fp32 accumulation) for fp16/bf16/fp32. fp64 is there for
-    // gradient checks, so it goes to the reference backend, which computes in fp64 throughout.
+    // gradient checks, so it goes to the reference backend, which computes in fp64 throughout; so
+    // does FP8, which only the reference implements on the host (the exact attention of the
+    // dequantized inputs, the yardstick of the GPU kernel to come).
     if (!device) {
-      const bool fp64 = params.dtype == FLASHATTN_DTYPE_FP64;
-      if (b->id == FLASHATTN_BACKEND_REFERENCE && !fp64) continue;
-      if (b->id == FLASHATTN_BACKEND_CPU && fp64) continue;
+      const bool to_reference = params.dtype == FLASHATTN_DTYPE_FP64 || params.dtype == FLASHATTN_DTYPE_FP8_E4M3;
+      if (b->id == FLASHATTN_BACKEND_REFERENCE && !to_reference) continue;
+      if (b->id == FLASHATTN_BACKEND_CPU && to_reference) continue;
     }
     const char* why = unsupported(b);
     if (why == nullptr) {
@@ -226,7 +228,7 @@ flashattn_status run_fwd(const Backend& b, const FwdParams& p, const CallContext
   if (s != FLASHATTN_SUCCESS) return s;
   const Shape& sh = p.shape;
   if (ctx.no_keys) {
-    s = fill(ctx, p.o, p.dtype, sh.batch, sh.seqlen_q, sh.nheads_q, sh.headdim, p.o_stride, stream);
+    s = fill(ctx, p.o, p.out_dtype(), sh.batch, sh.seqlen_q, sh.nheads_q, sh.headdim, p.o_stride, stream);
     const int64_t n = int64_t(sh.batch) * sh.nheads_q * sh.seqlen_q;
     if (s == FLASHATTN_SUCCESS) s = fill_lse(ctx, p.lse, n, stream);
     return s != FLASHATTN_SUCCESS ? s : fill_lse(ctx, p.lse_fp64, n, stream);

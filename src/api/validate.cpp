@@ -21,8 +21,12 @@ namespace flashattn {
 static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
 static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && offsetof(flashattn_fwd_params, lse_fp64) == 376 &&
                   offsetof(flashattn_fwd_params, dropout_seed) == 384 &&
-                  offsetof(flashattn_fwd_params, kv_cache) == 424 && sizeof(flashattn_fwd_params) == 656,
+                  offsetof(flashattn_fwd_params, kv_cache) == 424 && offsetof(flashattn_fwd_params, num_splits) == 648 &&
+                  offsetof(flashattn_fwd_params, fp8) == 656 && sizeof(flashattn_fwd_params) == 696,
               "flashattn_fwd_params layout changed");
+static_assert(sizeof(flashattn_fp8_scales) == 40 && offsetof(flashattn_fp8_scales, q_block_size) == 24 &&
+                  offsetof(flashattn_fp8_scales, out_dtype) == 32,
+              "flashattn_fp8_scales layout changed");
 static_assert(offsetof(flashattn_bwd_params, varlen) == 632 && offsetof(flashattn_bwd_params, lse_fp64) == 664 &&
                   offsetof(flashattn_bwd_params, dropout_seed) == 672 && sizeof(flashattn_bwd_params) == 712,
               "flashattn_bwd_params layout changed");
@@ -97,9 +101,10 @@ bool on_device(const CallContext& c) { return c.device >= 0; }
 
 flashattn_status check_dtype(flashattn_dtype dtype, int device) {
   if (dtype_size(dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(dtype));
-  if (dtype == FLASHATTN_DTYPE_FP8_E4M3)
-    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp8_e4m3 is reserved, not implemented");
-  if (device >= 0 && dtype != FLASHATTN_DTYPE_FP16 && dtype != FLASHATTN_DTYPE_BF16)
+  // FP8 on CUDA tensors passes: the device paths refuse it by name (no FP8 kernel yet), after the
+  // scales have been checked like every other argument.
+  if (device >= 0 && dtype != FLASHATTN_DTYPE_FP16 && dtype != FLASHATTN_DTYPE_BF16 &&
+      dtype != FLASHATTN_DTYPE_FP8_E4M3)
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
                      "dtype: %s is supported only for host tensors (device paths: fp16, bf16)",
                      dtype_name(dtype));
@@ -390,8 +395,8 @@ struct EarlierSizes {
   static constexpr size_t sizes[] = {size_before_dropout<P>(), size_before_lse_fp64<P>()};
 };
 template <>
-struct EarlierSizes<flashattn_fwd_params> {  // fwd_params also grew by the KV cache fields
-  static constexpr size_t sizes[] = {offsetof(flashattn_fwd_params, kv_cache),
+struct EarlierSizes<flashattn_fwd_params> {  // fwd_params also grew by the KV cache fields, then fp8
+  static constexpr size_t sizes[] = {offsetof(flashattn_fwd_params, fp8), offsetof(flashattn_fwd_params, kv_cache),
                                      size_before_dropout<flashattn_fwd_params>(),
                                      size_before_lse_fp64<flashattn_fwd_params>()};
 };
@@ -426,6 +431,57 @@ flashattn_status check_lse_fp64(flashattn_dtype dtype, const void* lse, const vo
     return set_error(kInvalid, "lse_fp64: set, but dtype is %s (an fp64 LSE needs dtype fp64; use lse)",
                      dtype_name(dtype));
   if (lse != nullptr) return set_error(kInvalid, "lse_fp64: set together with lse (set at most one)");
+  return FLASHATTN_SUCCESS;
+}
+
+// fwd_params.fp8: with dtype FP8_E4M3 the three scale arrays (sized by the shape and block sizes) and
+// a 16-bit output dtype; with any other dtype every field left zero (a scale given to a bf16 call
+// is a caller's mistake, not something to ignore). Fills out->fp8.
+flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const CallContext& ctx, FwdParams* out) {
+  const flashattn_fp8_scales& f = p.fp8;
+  if (p.dtype != FLASHATTN_DTYPE_FP8_E4M3) {
+    const char* set = f.q_scale ? "q_scale" : f.k_scale ? "k_scale" : f.v_scale ? "v_scale"
+                    : f.q_block_size ? "q_block_size" : f.k_block_size ? "k_block_size"
+                    : f.out_dtype ? "out_dtype" : nullptr;
+    if (set != nullptr)
+      return set_error(kInvalid, "fp8.%s: set, but dtype is %s (the fp8 fields are for dtype fp8_e4m3; leave them 0)",
+                       set, dtype_name(p.dtype));
+    return FLASHATTN_SUCCESS;
+  }
+  if (p.struct_size <= offsetof(flashattn_fwd_params, fp8))
+    return set_error(kInvalid, "fp8: params.struct_size %u predates the fp8 fields, which dtype fp8_e4m3 needs (build "
+                               "against this header)", p.struct_size);
+  if (f.out_dtype != FLASHATTN_DTYPE_BF16 && f.out_dtype != FLASHATTN_DTYPE_FP16)
+    return set_error(kInvalid, "fp8.out_dtype: %s (FP8 attention writes bf16 or fp16: FLASHATTN_DTYPE_BF16 or _FP16)",
+                     f.out_dtype == 0 ? "0 (unset)" : dtype_name(f.out_dtype));
+  if (f.q_block_size < 1)
+    return set_error(kInvalid, "fp8.q_block_size: %d (rows per scale block, >= 1; >= seqlen_q for one scale per head)",
+                     f.q_block_size);
+  if (f.k_block_size < 1)
+    return set_error(kInvalid, "fp8.k_block_size: %d (rows per scale block of k and v, >= 1; >= seqlen_k for one "
+                               "scale per head)", f.k_block_size);
+  Fp8Scales& o = out->fp8;
+  o.q_block_size = f.q_block_size;
+  o.k_block_size = f.k_block_size;
+  o.q_blocks = int((int64_t(sh.seqlen_q) + f.q_block_size - 1) / f.q_block_size);
+  o.k_blocks = int((int64_t(sh.seqlen_k) + f.k_block_size - 1) / f.k_block_size);
+  o.out_dtype = f.out_dtype;
+  const int64_t q_count = int64_t(sh.batch) * sh.nheads_q * o.q_blocks;
+  const int64_t k_count = int64_t(sh.batch) * sh.nheads_kv * o.k_blocks;
+  struct Scale { const char* name; const float* ptr; int64_t count; };
+  for (Scale sc : {Scale{"fp8.q_scale", f.q_scale, q_count}, Scale{"fp8.k_scale", f.k_scale, k_count},
+                   Scale{"fp8.v_scale", f.v_scale, k_count}}) {
+    if (sc.ptr == nullptr) {
+      if (sc.count == 0) continue;
+      return set_error(kInvalid, "%s: NULL (dtype fp8_e4m3 needs %lld scales: [batch, nheads, blocks])", sc.name,
+                       (long long)sc.count);
+    }
+    flashattn_status s = check_lse(sc.name, sc.ptr, false, 0, ctx);  // aligned, in the tensors' memory space
+    if (s != FLASHATTN_SUCCESS) return s;
+  }
+  o.q = f.q_scale;
+  o.k = f.k_scale;
+  o.v = f.v_scale;
   return FLASHATTN_SUCCESS;
 }
 
@@ -651,18 +707,29 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
   if (s != FLASHATTN_SUCCESS) return s;
   const flashattn_fwd_params* p = &full;
   *out = FwdParams{};
+  out->dtype = p->dtype;
   const flashattn_kv_cache& kvc = p->kv_cache;
   // Before the tensors' shapes: without a block table, k's shape is checked as a contiguous cache.
   if (kvc.block_table == nullptr && (kvc.block_table_stride != 0 || kvc.max_pages != 0))
     return set_error(kInvalid, "kv_cache.%s: %lld, but kv_cache.block_table is NULL",
                      kvc.max_pages != 0 ? "max_pages" : "block_table_stride",
                      kvc.max_pages != 0 ? (long long)kvc.max_pages : (long long)kvc.block_table_stride);
+  if (p->dtype == FLASHATTN_DTYPE_FP8_E4M3) {
+    // Cache rows would need their own scale addressing (pages, cache batches, appended rows).
+    const char* field = kvc.block_table ? "block_table" : kvc.seqlens ? "seqlens" : kvc.leftpad ? "leftpad"
+                      : kvc.batch_idx ? "batch_idx" : (kvc.k_new.data || kvc.v_new.data) ? "k_new"
+                      : (kvc.rotary_cos || kvc.rotary_sin) ? "rotary_cos" : nullptr;
+    if (field != nullptr)
+      return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "kv_cache.%s: the KV cache is not supported with dtype fp8_e4m3",
+                       field);
+  }
   const bool kv_cache = kvc.block_table || kvc.batch_idx;  // k's first dimension is the cache's own
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx,
                        kv_cache, kvc.block_table != nullptr);
   if (s != FLASHATTN_SUCCESS) return s;
+  if ((s = check_fp8(*p, out->shape, *ctx, out)) != FLASHATTN_SUCCESS) return s;
   const int64_t qexpect[4] = {p->q.shape[0], p->q.shape[1], p->q.shape[2], p->q.shape[3]};
-  if ((s = check_tensor("out", p->out, qexpect, p->dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
+  if ((s = check_tensor("out", p->out, qexpect, out->out_dtype(), *ctx)) != FLASHATTN_SUCCESS) return s;
   const Shape& sh = out->shape;
   if ((s = check_lse_fp64(p->dtype, p->lse, p->lse_fp64)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_lse("lse", p->lse, false, int64_t(sh.total_q) * sh.nheads_q, *ctx)) != FLASHATTN_SUCCESS) return s;
@@ -694,6 +761,9 @@ flashattn_status normalize_bwd(const flashattn_bwd_params* caller, void* stream,
   if (s != FLASHATTN_SUCCESS) return s;
   const flashattn_bwd_params* p = &full;
   *out = BwdParams{};
+  if (p->dtype == FLASHATTN_DTYPE_FP8_E4M3)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp8_e4m3 has no backward (FP8 attention is forward-only, "
+                                                    "for inference; train in bf16/fp16)");
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx);
   if (s != FLASHATTN_SUCCESS) return s;
   const int64_t qexpect[4] = {p->q.shape[0], p->q.shape[1], p->q.shape[2], p->q.shape[3]};

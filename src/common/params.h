@@ -7,6 +7,7 @@
 
 #include "common/alibi.h"
 #include "common/dropout.h"
+#include "common/fp8_scales.h"
 #include "common/hd.h"
 #include "common/kv_cache.h"
 #include "flashattn/flashattn.h"
@@ -59,6 +60,10 @@ struct FwdParams {
   Alibi alibi;                 // off unless slopes are given
   KvCache kv;                  // off: plain k/v (see seq_bounds and key_offset below)
   int num_splits = 0;          // split-KV request (CUDA paths): 0 = heuristic, 1 = none
+  Fp8Scales fp8;               // dtype FP8_E4M3: the inputs' scales and the output dtype
+
+  // The output's dtype: the inputs' one, except FP8 attention writes fp16/bf16.
+  FA_HD flashattn_dtype out_dtype() const { return dtype == FLASHATTN_DTYPE_FP8_E4M3 ? fp8.out_dtype : dtype; }
 };
 
 struct BwdParams {

@@ -767,7 +767,8 @@ const char* unsupported_dtype(flashattn_dtype dtype) {
     case FLASHATTN_DTYPE_BF16:
     case FLASHATTN_DTYPE_FP32:
     case FLASHATTN_DTYPE_FP64: return nullptr;
-    case FLASHATTN_DTYPE_FP8_E4M3: return "dtype: fp8_e4m3 is not supported by the cpu backend";
+    case FLASHATTN_DTYPE_FP8_E4M3:
+      return "dtype: fp8_e4m3 is not supported by the cpu backend (backend reference, or auto, runs FP8 on the host)";
   }
   return "dtype: unknown value for the cpu backend";
 }

@@ -100,30 +100,43 @@ Acc with_bias(const Mode& md, const RowMods& mods, Acc s, int j) {
   return md.exact ? s + Acc(mods.bias(j)) : md.r(s + Acc(mods.bias(j)));
 }
 
+// One row of d input elements at element offset `off`, in fp64. FP8 inputs are E4M3 codes: each is
+// dequantized exactly with its row's block scale `fp8_scale` (the definition in flashattn.h).
+void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out, float fp8_scale = 1.f) {
+  if (dtype == FLASHATTN_DTYPE_FP8_E4M3) {
+    const uint8_t* codes = static_cast<const uint8_t*>(base) + off;
+    for (int c = 0; c < d; ++c) out[c] = fp8_dequantize_exact(codes[c], fp8_scale);
+    return;
+  }
+  for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
+}
+
 // One sequence's K and V (one kv head) gathered into contiguous fp64 [seqlen_k, d] arrays, through
-// the KV cache's addressing (plain k/v when it is off).
+// the KV cache's addressing (plain k/v when it is off). `fp8` and `nheads_kv` are read for FP8 inputs
+// only (which have no KV cache: key row j is row j of sequence b).
 void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStrides& ks, const RowStrides& vs,
                const KvCache& kv, int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K,
-               std::vector<double>* V) {
+               std::vector<double>* V, const Fp8Scales& fp8 = Fp8Scales{}, int nheads_kv = 0) {
+  const bool fp8_input = dtype == FLASHATTN_DTYPE_FP8_E4M3;
   K->resize(size_t(sb.seqlen_k) * d);
   V->resize(size_t(sb.seqlen_k) * d);
   for (int j = 0; j < sb.seqlen_k; ++j) {
-    int64_t ko = key_offset(ks, kv, b, sb, j, kvh);
-    int64_t vo = key_offset(vs, kv, b, sb, j, kvh);
-    for (int c = 0; c < d; ++c) {
-      (*K)[size_t(j) * d + c] = load_double(k, dtype, ko + c);
-      (*V)[size_t(j) * d + c] = load_double(v, dtype, vo + c);
-    }
+    const float k_scale = fp8_input ? fp8.k_scale(b, kvh, nheads_kv, j) : 1.f;
+    const float v_scale = fp8_input ? fp8.v_scale(b, kvh, nheads_kv, j) : 1.f;
+    load_row(k, dtype, key_offset(ks, kv, b, sb, j, kvh), d, K->data() + size_t(j) * d, k_scale);
+    load_row(v, dtype, key_offset(vs, kv, b, sb, j, kvh), d, V->data() + size_t(j) * d, v_scale);
   }
 }
 
-void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out) {
-  for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
+void gather_kv(const FwdParams& p, int b, const SeqBounds& sb, int kvh, std::vector<double>* K, std::vector<double>* V) {
+  gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, kvh, p.shape.headdim, K, V, p.fp8,
+            p.shape.nheads_kv);
 }
 
 // Query row i of (sequence b, head h), rotated when the call has a rotary embedding.
 void load_q_row(const Mode& md, const FwdParams& p, const SeqBounds& sb, int b, int h, int i, double* q) {
-  load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), p.shape.headdim, q);
+  const float q_scale = p.dtype == FLASHATTN_DTYPE_FP8_E4M3 ? p.fp8.q_scale(b, h, p.shape.nheads_q, i) : 1.f;
+  load_row(p.q, p.dtype, row_offset(p.q_stride, b, sb.q_offset, i, h), p.shape.headdim, q, q_scale);
   // Rotated q is an input held in the problem's dtype (flashattn.h): rounded in every mode.
   if (p.kv.rotary()) rotate_row_fp64(p.kv, p.dtype, md.prec, p.kv.q_position(b, i), q);
 }
@@ -177,7 +190,7 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
         const int b = int(item / sh.nheads_q), h = int(item % sh.nheads_q);
         const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
         const Mask mask = make_mask(p.mask, sb);
-        gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, sh.kv_head(h), d, &w.K, &w.V);
+        gather_kv(p, b, sb, sh.kv_head(h), &w.K, &w.V);
         w.q.resize(size_t(d));
         w.o.resize(size_t(d));
         w.s.resize(size_t(sb.seqlen_k) + 1);
@@ -188,7 +201,7 @@ flashattn_status fwd_impl(const FwdParams& p, const Mode& md) {
           double lse = fwd_row_core<Acc>(md, p.mask, mods, mask.key_begin(i), mask.key_end(i), d, w.q.data(),
                                          w.K.data(), w.V.data(), w.o.data(), w.s);
           const int64_t oo = row_offset(p.o_stride, b, sb.q_offset, i, h);
-          for (int c = 0; c < d; ++c) store_double(p.o, p.dtype, oo + c, w.o[c]);
+          for (int c = 0; c < d; ++c) store_double(p.o, p.out_dtype(), oo + c, w.o[c]);
           const int64_t li = sb.lse_offset + int64_t(h) * sb.lse_head_stride + i;
           if (p.lse) p.lse[li] = float(lse);
           if (p.lse_fp64) p.lse_fp64[li] = lse;  // not rounded through float
@@ -354,19 +367,29 @@ Mode make_mode(Rounding r, flashattn_dtype precision) {
 // fp32 accumulation for the unfused emulation of fp16/bf16/fp32, fp64 otherwise.
 bool accumulate_in_float(const Mode& md) { return !md.exact && md.prec != FLASHATTN_DTYPE_FP64; }
 
-const char* unsupported_dtype(flashattn_dtype dtype) {
+const char* unsupported_dtype(flashattn_dtype dtype, bool forward) {
   switch (dtype) {
     case FLASHATTN_DTYPE_FP16:
     case FLASHATTN_DTYPE_BF16:
     case FLASHATTN_DTYPE_FP32:
     case FLASHATTN_DTYPE_FP64: return nullptr;
-    case FLASHATTN_DTYPE_FP8_E4M3: return "dtype: fp8_e4m3 is not supported by the reference backend";
+    case FLASHATTN_DTYPE_FP8_E4M3:
+      return forward ? nullptr : "dtype: fp8_e4m3 has no backward (FP8 attention is forward-only)";
   }
   return "dtype: unknown value for the reference backend";
 }
 
-const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype); }
-const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype); }
+// FP8 is computed exactly (the dequantized inputs in fp64); there is no "standard attention at
+// input precision" for it: a fused FP8 kernel is held to the exact result with a bound from E4M3's
+// precision instead (docs/fp8.md).
+const char* unsupported_rounding(const FwdParams& p, Rounding r) {
+  if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3 && r == Rounding::kInputPrecision)
+    return "dtype: fp8_e4m3 has no input-precision emulation (Rounding::kInputPrecision); use Rounding::kExact";
+  return nullptr;
+}
+
+const char* fwd_unsupported(const FwdParams& p) { return unsupported_dtype(p.dtype, true); }
+const char* bwd_unsupported(const BwdParams& p) { return unsupported_dtype(p.dtype, false); }
 size_t fwd_ws(const FwdParams&) { return 0; }
 size_t bwd_ws(const BwdParams&) { return 0; }
 flashattn_status fwd_entry(const FwdParams& p, void*, void*) { return fwd(p, Rounding::kExact); }
@@ -375,13 +398,14 @@ flashattn_status bwd_entry(const BwdParams& p, void*, void*) { return bwd(p, Rou
 }  // namespace
 
 flashattn_status fwd(const FwdParams& p, Rounding rounding, flashattn_dtype precision) {
-  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  if (const char* why = unsupported_dtype(p.dtype, true)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  if (const char* why = unsupported_rounding(p, rounding)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
   const Mode md = make_mode(rounding, precision);
   return accumulate_in_float(md) ? fwd_impl<float>(p, md) : fwd_impl<double>(p, md);
 }
 
 flashattn_status bwd(const BwdParams& p, Rounding rounding, flashattn_dtype precision) {
-  if (const char* why = unsupported_dtype(p.dtype)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
+  if (const char* why = unsupported_dtype(p.dtype, false)) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", why);
   const Mode md = make_mode(rounding, precision);
   return accumulate_in_float(md) ? bwd_impl<float>(p, md) : bwd_impl<double>(p, md);
 }
@@ -397,7 +421,7 @@ double fwd_row(const FwdParams& p, Rounding rounding, flashattn_dtype precision,
   const SeqBounds sb = seq_bounds(sh, p.cu_seqlens_q, p.cu_seqlens_k, p.kv, b);
   const Mask mask = make_mask(p.mask, sb);
   std::vector<double> K, V, q(static_cast<size_t>(d));
-  gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, sh.kv_head(h), d, &K, &V);
+  gather_kv(p, b, sb, sh.kv_head(h), &K, &V);
   load_q_row(md, p, sb, b, h, i, q.data());
   RowMods mods = row_mods(p, p.dropout.resolved(), sb, b, h);
   mods.i = i;

@@ -2,7 +2,8 @@
 // comment of include/flashattn/flashattn.h), one query row at a time, fp64 accumulation, for
 // every option (scale, softcap, window/causal, ALiBi, dropout, GQA, varlen, LSE, the forward's KV
 // cache: paged/contiguous addressing, appending and the rotary embedding) and every host
-// dtype. It shares only the mask policy (src/common/mask.h), seq_bounds() and the dropout keep
+// dtype, plus the FP8 forward (E4M3 codes dequantized exactly with their block scales, then the
+// same fp64 attention; output in fp8.out_dtype; kExact only, no KV cache). It shares only the mask policy (src/common/mask.h), seq_bounds() and the dropout keep
 // decision (Dropout::keep, common/dropout.h: the numbers must be the same on every path) with the
 // other paths; the math (natural-log softmax, tanh softcap and its derivative, the ALiBi bias,
 // dropout's scaling and its backward) is written out independently, in fp64.

@@ -57,6 +57,9 @@ int kernel_headdim(int d) {
 
 const char* unsupported(flashattn_dtype dtype, int headdim) {
   thread_local char msg[256];
+  if (dtype == FLASHATTN_DTYPE_FP8_E4M3)
+    return "dtype: fp8_e4m3 has no sm80 kernel (FP8 attention is for Hopper, sm90; host tensors run it on the "
+           "reference backend)";
   if (dtype != FLASHATTN_DTYPE_FP16 && dtype != FLASHATTN_DTYPE_BF16) {
     std::snprintf(msg, sizeof(msg), "dtype: the sm80 path supports fp16 and bf16 only (got dtype %d)", int(dtype));
     return msg;

@@ -1,0 +1,288 @@
+"""FP8 (E4M3) attention through the Python API (issue 16, host part).
+
+flash_attn_func / flash_attn_varlen_func on torch.float8_e4m3fn q, k, v with float32 scales must equal
+float64 attention of the inputs dequantized here in pure torch (code * scale of its block), rounded
+once to the output dtype. flashattn.fp8.flash_attn_fp8_func (quantize with the Hadamard transform,
+then attend) must approximate attention of the unquantized inputs within the error model stated in
+test_fp8_func_error_within_the_model; a mismatched transform must break that bound. Forward only:
+autograd, dropout and the KV cache are refused by name; so are bad scales. Fresh random inputs per
+run: FLASHATTN_TEST_SEED=<seed> reproduces a failure.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from flashattn import flash_attn_func, flash_attn_varlen_func, fp8
+from flashattn.interface import _flash_attn, _Fp8Args
+from ref import attention_ref, varlen_ref
+
+SEED = int(os.environ.get("FLASHATTN_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+E4M3 = torch.float8_e4m3fn
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def _gen(tag):
+    return torch.Generator().manual_seed(SEED * 1000 + tag)
+
+
+def _codes(shape, g):
+    """E4M3 tensors spanning the format: N(0, 60) rounded (saturating at 448, a few subnormals)."""
+    return (torch.randn(shape, generator=g) * 60).clamp(-448, 448).to(E4M3)
+
+
+def _scales(b, h, nblocks, g):
+    """Scales spread over 2^5 (as the C++ test): reading another block's or head's scale shows."""
+    u = 0.5 + 0.5 * torch.rand(b, h, nblocks, generator=g)
+    e = torch.randint(-2, 3, (b, h, nblocks), generator=g).float()
+    return (u * torch.exp2(e) / 60).float()
+
+
+def _dequantize(x, scale, block):
+    """Pure torch: [b, s, h, d] codes * scale[b, h, row // block] in float64 (exact)."""
+    s = x.shape[1]
+    per_row = scale.double()[:, :, torch.arange(s) // block]  # [b, h, s]
+    return x.double() * per_row.permute(0, 2, 1).unsqueeze(-1)
+
+
+def _expect_one_rounding(out, want, dtype):
+    """out == want rounded to dtype: |out - want| <= u |want| (+ fp16's subnormal half-step, + fp64 noise)."""
+    assert out.dtype == dtype
+    err = (out.double() - want).abs()
+    tol = UNIT_ROUNDOFF[dtype] * want.abs() * (1 + 1e-9) + (2.0**-25 if dtype == torch.float16 else 0) + 1e-12
+    bad = err > tol
+    assert not torch.isnan(out).any()
+    assert not bad.any(), f"seed {SEED}: {int(bad.sum())} elements off by more than one rounding (max err {err.max():.3g})"
+
+
+CASES = [
+    # (batch, sq, sk, hq, hk, d, q_block, k_block, causal, window, softcap, out_dtype)
+    (2, 7, 113, 4, 2, 64, 1, 7, False, (-1, -1), 0.0, torch.bfloat16),
+    (1, 113, 7, 2, 2, 32, 128, 1, True, (-1, -1), 0.0, torch.float16),
+    (1, 1, 799, 3, 1, 64, 1000, 128, False, (-1, -1), 5.0, torch.bfloat16),
+    (2, 113, 40, 2, 1, 16, 7, 2**31 - 1, False, (16, 4), 0.0, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"sq{c[1]}-sk{c[2]}-qb{c[6]}-kb{c[7]}")
+def test_equals_fp64_attention_of_the_dequantized_inputs(case):
+    b, sq, sk, hq, hk, d, qb, kb, causal, window, softcap, out_dtype = case
+    g = _gen(1)
+    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
+    nq, nk = -(-sq // qb), -(-sk // kb)
+    qs, ks, vs = _scales(b, hq, nq, g), _scales(b, hk, nk, g), _scales(b, hk, nk, g)
+    out, lse, probs = flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, q_scale=qs,
+                                      k_scale=ks, v_scale=vs, q_block_size=qb, k_block_size=kb, out_dtype=out_dtype,
+                                      return_attn_probs=True)
+    want, want_lse = attention_ref(_dequantize(q, qs, qb), _dequantize(k, ks, kb), _dequantize(v, vs, kb),
+                                   causal=causal, window=window, softcap=softcap, scale=float(torch.tensor(d ** -0.5)),
+                                   dtype=torch.float64)
+    _expect_one_rounding(out, want, out_dtype)
+    assert lse.dtype == torch.float32 and probs is None
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite].double(), want_lse[finite], rtol=2.0**-23, atol=1e-12)
+
+
+def test_scale_forms_and_fa3_names():
+    """Per-tensor (() / (1,)), per-head ((b, h), (b, h, 1)), FA3's q_descale (b, nheads_k) for GQA, and block
+    scales mixed with per-head ones inside the k/v pair: each equals the oracle on the scales it stands for."""
+    g = _gen(2)
+    b, sq, sk, hq, hk, d = 2, 33, 20, 4, 2, 32
+    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
+    t = torch.tensor(0.013)
+    per_group = _scales(b, hk, 1, g)[..., 0]  # FA3: one q scale per (batch, kv head)
+    k_blocks = _scales(b, hk, -(-sk // 8), g)
+    v_head = _scales(b, hk, 1, g)[..., 0]
+    out = flash_attn_func(q, k, v, q_descale=per_group, k_descale=k_blocks, v_descale=v_head, k_block_size=8)
+    q_full = per_group.repeat_interleave(hq // hk, dim=1).unsqueeze(-1)
+    want, _ = attention_ref(_dequantize(q, q_full, sq), _dequantize(k, k_blocks, 8),
+                            _dequantize(v, v_head.unsqueeze(-1), sk), dtype=torch.float64,
+                            scale=float(torch.tensor(d ** -0.5)))
+    _expect_one_rounding(out, want, torch.bfloat16)
+    for q_scale in (t, t.reshape(1), t.expand(b, hq), t.expand(b, hq, 1)):
+        out = flash_attn_func(q, k, v, q_scale=q_scale, k_scale=t.reshape(1), v_scale=t, out_dtype=torch.float16)
+        want, _ = attention_ref(q.double() * float(t), k.double() * float(t), v.double() * float(t),
+                                dtype=torch.float64, scale=float(torch.tensor(d ** -0.5)))
+        _expect_one_rounding(out, want, torch.float16)
+
+
+def test_varlen_blocks_start_at_each_sequence():
+    g = _gen(3)
+    lens_q, lens_k, hq, hk, d, qb, kb = [1, 7, 113], [113, 7, 40], 2, 1, 32, 7, 16
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q, k, v = _codes((1, sum(lens_q), hq, d), g)[0], _codes((1, sum(lens_k), hk, d), g)[0], _codes((1, sum(lens_k), hk, d), g)[0]
+    nb, mq, mk = len(lens_q), max(lens_q), max(lens_k)
+    qs, ks, vs = _scales(nb, hq, -(-mq // qb), g), _scales(nb, hk, -(-mk // kb), g), _scales(nb, hk, -(-mk // kb), g)
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, causal=True, q_scale=qs, k_scale=ks, v_scale=vs,
+                                 q_block_size=qb, k_block_size=kb)
+    # Dequantize each sequence with its own row of scales, blocks counted from its first row.
+    deq = []
+    for x, cu, sc, blk in ((q, cu_q, qs, qb), (k, cu_k, ks, kb), (v, cu_k, vs, kb)):
+        parts = [_dequantize(x[cu[i]:cu[i + 1]].unsqueeze(0), sc[i:i + 1], blk)[0] for i in range(nb)]
+        deq.append(torch.cat(parts))
+    want, _ = varlen_ref(*deq, cu_q, cu_k, causal=True, dtype=torch.float64, scale=float(torch.tensor(d ** -0.5)))
+    _expect_one_rounding(out, want, torch.bfloat16)
+
+
+def _model_rmse(q, k, v, rho, out_unit_roundoff, softmax_scale):
+    """The error model of quantized attention (see test_fp8_func_error_within_the_model), from the exact
+    attention of the unquantized inputs: sqrt(mean over (b, i, h, c) of
+        sum_j P_ij^2 (var(dS_ij) (v_jc - O_ic)^2 + rho^2 v_jc^2) + (u O_ic)^2 / 3),
+    var(dS_ij) = 2 rho^2 softmax_scale^2 (|q_i|^2 |k_j|^2 + 2 (q_i . k_j)^2) / (d + 2)."""
+    q, k, v = q.double(), k.double(), v.double()
+    h, hk, d = q.shape[2], k.shape[2], q.shape[3]
+    k, v = k.repeat_interleave(h // hk, dim=2), v.repeat_interleave(h // hk, dim=2)
+    dot = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    p = torch.softmax(dot * softmax_scale, dim=-1)
+    o = torch.einsum("bhqk,bkhd->bhqd", p, v)
+    qq, kk = q.pow(2).sum(-1).permute(0, 2, 1), k.pow(2).sum(-1).permute(0, 2, 1)  # [b, h, s]
+    var_s = 2 * rho**2 * softmax_scale**2 * (qq[..., :, None] * kk[..., None, :] + 2 * dot.pow(2)) / (d + 2)
+    vt = v.permute(0, 2, 1, 3)  # [b, h, sk, d]
+    p2 = p.pow(2)
+    # sum_j p2 var_s (v_j - o)^2 = sum_j p2 var_s v_j^2 - 2 o sum_j p2 var_s v_j + o^2 sum_j p2 var_s
+    w = p2 * var_s
+    score_term = (torch.einsum("bhqk,bhkd->bhqd", w, vt.pow(2)) - 2 * o * torch.einsum("bhqk,bhkd->bhqd", w, vt)
+                  + o.pow(2) * w.sum(-1, keepdim=True))
+    v_term = rho**2 * torch.einsum("bhqk,bhkd->bhqd", p2, vt.pow(2))
+    out_term = (out_unit_roundoff * o).pow(2) / 3
+    return math.sqrt(float((score_term + v_term + out_term).mean()))
+
+
+def _fp8_case(tag, b=2, s=256, h=2, d=64):
+    g = _gen(tag)
+    return [torch.randn(b, s, h, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def test_fp8_func_error_within_the_model():
+    """flash_attn_fp8_func(q, k, v) (Hadamard, block 128) against attention of the unquantized inputs.
+
+    The model: a quantized element is x (1 + e) with |e| <= 2^-4 (half an E4M3 step; block scaling keeps
+    every element of these inputs in the normal range), so e has RMS rho <= 2^-4 / sqrt(3), independently
+    per element. In the transformed domain (orthogonal: q' . k' = q . k) a score moves by
+    dS = scale * sum_c (e_qc + e_kc) q'_c k'_c, of variance 2 rho^2 scale^2 sum_c q'_c^2 k'_c^2, which a
+    random Hadamard rotation spreads to 2 rho^2 scale^2 (|q|^2 |k|^2 + 2 (q . k)^2) / (d + 2) on average.
+    To first order O_i moves by sum_j P_ij (dS_ij (v_j - O_i) + dv_j), so its mean square is the sum in
+    _model_rmse, plus the output's rounding (RMS u |O| / sqrt 3). The measured RMSE must stay within
+    1.5 x the model's (measured/model is about 0.72 for fp8 and for bf16 alike: rho is an upper bound), both against fp64 attention and
+    against bf16 attention of the originals (whose own error adds the same model with rho = 2^-8 / sqrt 3).
+    """
+    q, k, v = _fp8_case(4)
+    d = q.shape[-1]
+    with torch.no_grad():
+        out = fp8.flash_attn_fp8_func(q, k, v, hadamard=True, block_size=128, seed=7)
+        exact = flash_attn_func(q, k, v)
+        bf16 = flash_attn_func(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert out.dtype == torch.bfloat16
+    rho8, rho16 = 2.0**-4 / math.sqrt(3), 2.0**-8 / math.sqrt(3)
+    model = _model_rmse(q, k, v, rho8, 2.0**-8, d ** -0.5)
+    model_bf16 = _model_rmse(q, k, v, rho16, 2.0**-8, d ** -0.5)
+    rmse = float((out.double() - exact).pow(2).mean().sqrt())
+    rmse_vs_bf16 = float((out.double() - bf16.double()).pow(2).mean().sqrt())
+    assert rmse <= 1.5 * model, f"seed {SEED}: RMSE {rmse:.3g} > 1.5 x model {model:.3g}"
+    assert rmse_vs_bf16 <= 1.5 * (model + model_bf16), f"seed {SEED}: RMSE vs bf16 {rmse_vs_bf16:.3g}"
+    # Not vacuous: quantization did happen (FP8 is clearly worse than bf16's own error) ...
+    assert rmse > 4 * float((bf16.double() - exact).pow(2).mean().sqrt())
+    # ... and a K transformed with another seed (its transform no longer cancels Q's) breaks the bound.
+    with torch.no_grad():
+        qf, qs = fp8.quantize(q, block_size=128, hadamard=True, seed=7)
+        kf, ks = fp8.quantize(k, block_size=128, hadamard=True, seed=8)
+        vf, vs = fp8.quantize(v, block_size=128)
+        wrong = flash_attn_func(qf, kf, vf, q_scale=qs, k_scale=ks, v_scale=vs)
+    assert float((wrong.double() - exact).pow(2).mean().sqrt()) > 1.5 * model
+
+
+def test_fp8_func_equals_the_dequantized_attention():
+    """flash_attn_fp8_func = attention of flashattn.fp8.dequantize's output (the transform undone: the scores
+    are those of the transformed, quantized Q and K), to the output's rounding and fp32 dequantization."""
+    q, k, v = _fp8_case(5, b=1, s=77, h=2, d=32)
+    out, lse, _ = fp8.flash_attn_fp8_func(q, k, v, block_size=16, seed=3, causal=True, out_dtype=torch.float16,
+                                          return_attn_probs=True)
+    qf, qs = fp8.quantize(q, block_size=16, hadamard=True, seed=3)
+    kf, ks = fp8.quantize(k, block_size=16, hadamard=True, seed=3)
+    vf, vs = fp8.quantize(v, block_size=16)
+    # Dequantized in the transformed domain (exact), where the dot products are those the kernel sees.
+    want, want_lse = attention_ref(_dequantize(qf, qs, 16), _dequantize(kf, ks, 16), _dequantize(vf, vs, 16),
+                                   causal=True, dtype=torch.float64, scale=float(torch.tensor(32 ** -0.5)))
+    _expect_one_rounding(out, want, torch.float16)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=2.0**-23, atol=1e-12)
+
+
+# ---- refused calls ---------------------------------------------------------------------------------
+
+
+def _small(g=None, dtype=E4M3):
+    g = g or _gen(6)
+    q, k, v = _codes((1, 9, 2, 16), g), _codes((1, 12, 1, 16), g), _codes((1, 12, 1, 16), g)
+    if dtype != E4M3:
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+    one = torch.ones(1, 2, 1), torch.ones(1, 1, 1), torch.ones(1, 1, 1)
+    return (q, k, v), dict(zip(("q_scale", "k_scale", "v_scale"), one))
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (lambda a, kw: kw.pop("q_scale"), ValueError, "q_scale .FA3: q_descale. is required"),
+    (lambda a, kw: kw.pop("v_scale"), ValueError, "v_scale"),
+    (lambda a, kw: kw.update(k_scale=torch.ones(1, 1, 5)), ValueError, "k_scale has shape"),
+    (lambda a, kw: kw.update(q_scale=torch.ones(1, 3)), ValueError, "q_scale has shape"),
+    (lambda a, kw: kw.update(q_scale=torch.ones(1, 2, 1, dtype=torch.float16)), ValueError, "q_scale must be float32"),
+    (lambda a, kw: kw.update(v_scale=1.0), ValueError, "v_scale must be a float32 torch.Tensor"),
+    (lambda a, kw: kw.update(q_descale=torch.ones(1, 2, 1)), ValueError, "q_scale and q_descale"),
+    (lambda a, kw: kw.update(out_dtype=torch.float32), ValueError, "out_dtype"),
+    (lambda a, kw: kw.update(q_block_size=0), ValueError, "q_block_size"),
+    (lambda a, kw: kw.update(k_block_size=1.5), ValueError, "k_block_size"),
+    (lambda a, kw: kw.update(dropout_p=0.1), NotImplementedError, "dropout_p"),
+    (lambda a, kw: a.__setitem__(1, a[1].bfloat16()), ValueError, "float8_e4m3fn"),
+])
+def test_refused_arguments_are_named(change, exc, match):
+    args, kw = _small()
+    args = list(args)
+    change(args, kw)
+    with pytest.raises(exc, match=match):
+        flash_attn_func(*args, **kw)
+
+
+def test_fp8_arguments_with_16_bit_inputs_are_refused():
+    (q, k, v), kw = _small(dtype=torch.bfloat16)
+    for name in ("q_scale", "k_descale", "out_dtype"):
+        with pytest.raises(ValueError, match=f"{name.replace('descale', 'scale')} is for float8_e4m3fn inputs"):
+            flash_attn_func(q, k, v, **{name: torch.bfloat16 if name == "out_dtype" else torch.ones(1)})
+
+
+def test_forward_only():
+    (q, k, v), kw = _small()
+    kw["q_scale"].requires_grad_(True)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        flash_attn_func(q, k, v, **kw)
+    with torch.no_grad():
+        out = flash_attn_func(q, k, v, **kw)
+    assert not out.requires_grad
+    x = torch.randn(1, 9, 2, 16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        fp8.flash_attn_fp8_func(x, x, x)
+
+
+def test_cpu_backend_refuses_fp8_by_name():
+    (q, k, v), kw = _small()
+    with pytest.raises(NotImplementedError, match="dtype: fp8_e4m3 is not supported by the cpu backend"):
+        _flash_attn(q, k, v, backend="cpu", fp8=_Fp8Args(**kw))
+
+
+def test_opcheck_fwd_fp8():
+    (q, k, v), kw = _small()
+    args = (q, k, v, kw["q_scale"], kw["k_scale"], kw["v_scale"], None, None, 0, 0, 9, 12, 0.25, True, -1, 0, 0.0,
+            None, torch.float16, 0)
+    # test_schema multiplies the inputs, which torch does not implement for float8 tensors.
+    torch.library.opcheck(torch.ops.flashattn.fwd_fp8.default, args, test_utils=("test_faketensor",))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_refuses_fp8_by_name():
+    (q, k, v), kw = _small()
+    q, k, v = (t.cuda() for t in (q, k, v))
+    kw = {n: t.cuda() for n, t in kw.items()}
+    with pytest.raises(NotImplementedError, match="dtype: fp8_e4m3"):
+        flash_attn_func(q, k, v, **kw)
