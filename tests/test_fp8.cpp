@@ -641,7 +641,6 @@ TEST(Fp8Quantize, ValidationNamesTheField) {
       {"x_fp8.data", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.x_fp8.data = nullptr; }},
       {"scales", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.scales = nullptr; }},
       {"scales", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.scales = reinterpret_cast<float*>(reinterpret_cast<char*>(p.scales) + 1); }},
-      {"options.device", FLASHATTN_ERROR_NOT_SUPPORTED, [](auto& p) { p.options.device = 0; }},
   };
   for (int dir = 0; dir < 2; ++dir) {
     auto call = [&](const flashattn_fp8_quantize_params* p) {
@@ -660,11 +659,26 @@ TEST(Fp8Quantize, ValidationNamesTheField) {
       EXPECT_EQ(msg.rfind(bad.field, 0), 0u) << "message should start with " << bad.field << ": " << msg;
     }
   }
-  // The GPU refusal says what is missing.
+  // CUDA tensors: dequantize is refused by name; quantize runs on the GPU (tests/gpu), so host
+  // pointers with options.device = 0 are refused as not device memory, or, without CUDA in the
+  // build, the device is.
   flashattn_fp8_quantize_params p = fp8_params(x, q, scales, 4, false, 0);
   p.options.device = 0;
-  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(std::string(flashattn_last_error()).find("not implemented yet"), std::string::npos) << flashattn_last_error();
+  EXPECT_EQ(flashattn_fp8_dequantize(&p, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  std::string msg = flashattn_last_error();
+  EXPECT_EQ(msg.rfind("options.device", 0), 0u) << msg;
+  EXPECT_NE(msg.find("not implemented yet"), std::string::npos) << msg;
+  const bool cuda_build =
+      (flashattn_compiled_backends() & ((1u << FLASHATTN_BACKEND_SM80) | (1u << FLASHATTN_BACKEND_SM90))) != 0;
+  const flashattn_status st = flashattn_fp8_quantize(&p, nullptr);
+  msg = flashattn_last_error();
+  if (cuda_build) {
+    EXPECT_EQ(st, FLASHATTN_ERROR_INVALID_ARGUMENT) << msg;
+    EXPECT_EQ(msg.rfind("x.data", 0), 0u) << msg;
+  } else {
+    EXPECT_EQ(st, FLASHATTN_ERROR_NO_DEVICE) << msg;
+    EXPECT_EQ(msg.rfind("options.device", 0), 0u) << msg;
+  }
 }
 
 }  // namespace

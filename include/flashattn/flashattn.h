@@ -355,8 +355,13 @@ FLASHATTN_API flashattn_status flashattn_combine(const flashattn_combine_params*
  * element, |scale * x_fp8 - x'|, is at most 2^-4 |x'| where |x'| >= 2^-6 scale, and at most
  * 2^-10 scale below that (half an E4M3 step), plus fp32 rounding (see docs/fp8.md).
  * flashattn_fp8_dequantize reads x_fp8 and scales and writes x = the inverse transform of
- * scale * x_fp8, rounded to dtype. Host tensors only for now: CUDA tensors (options.device >= 0)
- * return FLASHATTN_ERROR_NOT_SUPPORTED (the GPU quantizer comes with the FP8 kernels). */
+ * scale * x_fp8, rounded to dtype. CUDA tensors (options.device >= 0): flashattn_fp8_quantize
+ * runs on the GPU for fp16, bf16 and fp32 x (fp64: NOT_SUPPORTED), asynchronously on `stream`; it
+ * computes the transform in fp32 rather than fp64, so with hadamard = 1 a scale may differ from
+ * the host's in its last bits and a code by one E4M3 step where x' / scale lies on a rounding
+ * boundary (without the transform the results are the host's bit for bit, fp32 inputs in the
+ * denormal range aside: the GPU flushes them to 0). flashattn_fp8_dequantize of CUDA tensors
+ * returns FLASHATTN_ERROR_NOT_SUPPORTED. */
 typedef struct flashattn_fp8_quantize_params {
   uint32_t struct_size;  /* sizeof(flashattn_fp8_quantize_params) */
   flashattn_dtype dtype; /* of x: fp16, bf16, fp32 or fp64 */

@@ -13,8 +13,9 @@ is orthogonal: quantize Q and K with the same seed and Q K^T is unchanged, while
 spread over the row. `dequantize` inverts it: x ~= signs * H (scale * x_fp8) / sqrt(headdim).
 Per element of x', |scale * x_fp8 - x'| <= 2^-4 |x'| (or 2^-10 scale for |x'| < 2^-6 scale).
 
-Runs the C library's flashattn_fp8_quantize / flashattn_fp8_dequantize on CPU tensors; CUDA tensors
-raise NotImplementedError until the GPU quantizer lands. No autograd. See docs/fp8.md.
+Runs the C library's flashattn_fp8_quantize / flashattn_fp8_dequantize on CPU tensors; quantize also
+runs on CUDA tensors (fp16/bf16/fp32), dequantize of CUDA tensors raises NotImplementedError.
+No autograd. See docs/fp8.md.
 
 `flash_attn_fp8_func` quantizes q, k, v this way and runs FP8 attention (flash_attn_func on
 float8_e4m3fn inputs with their scales): Q and K share the Hadamard transform (so Q K^T is kept),
@@ -120,7 +121,7 @@ def quantize(x: torch.Tensor, block_size: int = 128, hadamard: bool = False,
 
     Raises:
         ValueError: a bad argument (the message names it).
-        NotImplementedError: CUDA tensors (no GPU quantizer yet).
+        NotImplementedError: float64 CUDA tensors (the GPU quantizer takes fp16, bf16, fp32).
     """
     x = _check_4d("x", x, "quantize")
     if x.dtype not in _DTYPES:

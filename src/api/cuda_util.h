@@ -41,3 +41,14 @@ namespace flashattn::cuda {
 flashattn_status combine(const CombineParams& p, void* stream);
 
 }  // namespace flashattn::cuda
+
+namespace flashattn::cpu {
+struct Fp8QuantizeParams;
+}
+namespace flashattn::cuda {
+
+// flashattn_fp8_quantize on device tensors (src/api/fp8_quantize_cuda.cu), on `stream`, on the
+// current device: fp16, bf16 or fp32 input (fp64 is refused with NOT_SUPPORTED naming dtype).
+flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream);
+
+}  // namespace flashattn::cuda

@@ -1,10 +1,12 @@
 // flashattn_fp8_quantize / flashattn_fp8_dequantize: validation of flashattn_fp8_quantize_params
-// (every rejected call names the field) and the host path (src/cpu/fp8_quantize.cpp). CUDA tensors
-// are refused with NOT_SUPPORTED until the GPU quantizer lands with the FP8 kernels.
+// (every rejected call names the field), the host path (src/cpu/fp8_quantize.cpp) and, for CUDA
+// tensors, the device quantizer (src/api/fp8_quantize_cuda.cu, fp16/bf16/fp32 input). Dequantizing
+// CUDA tensors is refused with NOT_SUPPORTED (the FP8 attention kernels will not need it).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "api/cuda_util.h"
 #include "api/validate.h"
 #include "common/error.h"
 #include "common/hadamard.h"
@@ -41,8 +43,8 @@ flashattn_status check_strides(const char* name, const int64_t (&stride)[4]) {
 }
 
 // Both directions take the same fields (x_fp8 and scales are outputs of one, inputs of the other).
-flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, cpu::Fp8QuantizeParams* out,
-                               int* num_threads, bool* nothing_to_do) {
+flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool quantize, cpu::Fp8QuantizeParams* out,
+                               int* device_out, int* num_threads, bool* nothing_to_do) {
   if (caller == nullptr) return set_error(kInvalid, "params: NULL");
   if (caller->struct_size != sizeof(flashattn_fp8_quantize_params))
     return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_fp8_quantize_params) = %zu "
@@ -74,11 +76,18 @@ flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, cpu:
     return set_error(kInvalid, "hadamard: 1, but x.shape[3] (headdim) is %lld: the Hadamard transform needs a power "
                      "of two in [%d, %d]", (long long)d, kHadamardMinDim, kHadamardMaxDim);
 
-  // Before the pointers: they would be checked as device memory, for a path that does not exist.
-  if (device >= 0)
+  // Before the pointers: refusals of paths that do not exist, whatever the pointers are.
+  if (device >= 0 && !quantize)
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
-                     "options.device: %d: FP8 quantization of CUDA tensors is not implemented yet (the GPU quantizer "
-                     "will come with the FP8 attention kernels); quantize host tensors (options.device = -1)", device);
+                     "options.device: %d: FP8 dequantization of CUDA tensors is not implemented yet (only "
+                     "flashattn_fp8_quantize runs on the GPU); dequantize host tensors (options.device = -1)", device);
+#if !defined(FLASHATTN_HAS_CUDA)
+  if (device >= 0)
+    return set_error(FLASHATTN_ERROR_NO_DEVICE, "options.device: %d, but this build has no CUDA support", device);
+#endif
+  if (device >= 0 && p.dtype == FLASHATTN_DTYPE_FP64)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                     "dtype: fp64 is quantized on host tensors only (CUDA tensors: fp16, bf16 or fp32)");
 
   const bool blocks = b * s * h > 0;  // there are scales
   const bool elems = blocks && d > 0;
@@ -105,19 +114,33 @@ flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, cpu:
   c.block_size = p.block_size;
   c.hadamard = p.hadamard != 0;
   c.hadamard_seed = p.hadamard_seed;
+  *device_out = device;
   *num_threads = p.options.num_threads;
   *nothing_to_do = !blocks;
   return FLASHATTN_SUCCESS;
 }
 
 template <typename Run>
-flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, Run&& run) {
+flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, bool quantize, void* stream, Run&& run) {
   clear_error();
   cpu::Fp8QuantizeParams c;
-  int num_threads = 0;
+  int device = -1, num_threads = 0;
   bool nothing_to_do = false;
-  flashattn_status s = normalize_fp8(params, &c, &num_threads, &nothing_to_do);
+  flashattn_status s = normalize_fp8(params, quantize, &c, &device, &num_threads, &nothing_to_do);
   if (s != FLASHATTN_SUCCESS || nothing_to_do) return s;
+  if (device >= 0) {  // quantize only: normalize_fp8 refused the rest
+#if defined(FLASHATTN_HAS_CUDA)
+    int previous = -1;
+    if ((s = cuda::get_device(&previous)) != FLASHATTN_SUCCESS) return s;
+    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
+    s = cuda::fp8_quantize(c, stream);
+    if (previous != device) cuda::set_device(previous);
+    return s;
+#else
+    (void)stream;
+    return set_error(FLASHATTN_ERROR_INTERNAL, "options.device: %d reached the host path", device);
+#endif
+  }
   ScopedHostThreads threads(num_threads);
   return run(c);
 }
@@ -139,13 +162,11 @@ flashattn_fp8_quantize_params flashattn_fp8_quantize_params_init(void) {
 }
 
 flashattn_status flashattn_fp8_quantize(const flashattn_fp8_quantize_params* params, void* stream) {
-  (void)stream;  // host tensors only, for now
-  return run_fp8(params, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_quantize(c); });
+  return run_fp8(params, true, stream, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_quantize(c); });
 }
 
 flashattn_status flashattn_fp8_dequantize(const flashattn_fp8_quantize_params* params, void* stream) {
-  (void)stream;
-  return run_fp8(params, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_dequantize(c); });
+  return run_fp8(params, false, stream, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_dequantize(c); });
 }
 
 }  // extern "C"

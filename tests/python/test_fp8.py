@@ -255,6 +255,11 @@ def test_bad_arguments_name_the_argument(call, match):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_tensors_are_refused():
+def test_cuda_quantize_matches_host_and_dequantize_is_refused():
+    x = torch.randn(1, 8, 1, 64)
+    q_host, s_host = fp8.quantize(x)
+    q_dev, s_dev = fp8.quantize(x.cuda())  # no transform: the host's bits exactly
+    assert torch.equal(q_dev.cpu().view(torch.uint8), q_host.view(torch.uint8))
+    assert torch.equal(s_dev.cpu(), s_host)
     with pytest.raises(NotImplementedError, match="not implemented yet"):
-        fp8.quantize(torch.randn(1, 8, 1, 64, device="cuda"))
+        fp8.dequantize(q_dev, s_dev, 128)

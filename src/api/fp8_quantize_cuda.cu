@@ -1,0 +1,146 @@
+// The CUDA FP8 (E4M3) block quantizer: flashattn_fp8_quantize on device tensors (the semantics are
+// the host's, src/cpu/fp8_quantize.cpp, and flashattn.h's comment on flashattn_fp8_quantize).
+// One CTA per (batch, head, scale block), grid-strided: two passes over the block's rows, as on the
+// host (the amax, then the codes), recomputing the transform rather than keeping the block, so
+// shared memory is one row per warp whatever block_size is. Each warp takes one row at a time:
+// its lanes load the row into shared memory (applying the signs), run the Walsh-Hadamard
+// butterflies stage by stage (__syncwarp between stages) and scale by 1/sqrt(n).
+//
+// Host/device differences (tests/gpu/test_gpu_fp8_quantize.cpp bounds them):
+//  - Without the transform the values quantized are the inputs converted to fp32 exactly, as on
+//    the host; amax / 448 and x / scale use IEEE division (__fdiv_rn, whatever --use_fast_math
+//    does to '/'), and float_to_e4m3 (common/fp8.h) is integer-only: codes and scales are the
+//    host's bit for bit.
+//  - With the transform the host computes in fp64 and rounds once to fp32; here every butterfly
+//    add and the 1/sqrt(n) product round in fp32 (the same butterfly order, so the same fp32
+//    operations as hadamard_forward<float>). A transformed value may differ from the host's by a
+//    few fp32 ulps: the block's amax, hence its scale, may differ in the last bits, and a code may
+//    differ by one E4M3 step where x' / scale lies within those ulps of a rounding boundary
+//    (E4M3 has 3 mantissa bits, so this is rare: about ulps * 2^-20 of the codes).
+//  - The build flushes fp32 denormals (--use_fast_math), the host does not: blocks of tiny values
+//    (fp32 or bf16 inputs in or near the denormal range, amax below about 448 * 2^-117) may get
+//    other scales and codes. Inputs of normal magnitude are unaffected.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "api/cuda_util.h"
+#include "common/error.h"
+#include "common/fp8.h"
+#include "common/hadamard.h"
+#include "common/half_convert.h"
+#include "cpu/fp8_quantize.h"
+
+namespace flashattn::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+
+struct Fp8Args {
+  cpu::Fp8QuantizeParams p;
+  int64_t nblocks;
+  float inv_sqrt_n;  // float(1 / sqrt(headdim)), as hadamard_forward<float> would be given
+};
+
+// Calls f(c, v) for the columns c = lane + 32 k of row s of head h of batch b, v being the value
+// the host quantizes (up to the fp32 rounding of the transform noted above). `row` (headdim
+// floats of shared memory, this warp's) is used only with the transform (headdim <= 256 then;
+// without it headdim is unbounded and the values come straight from x).
+template <typename F>
+__device__ void for_each_value(const Fp8Args& a, const int8_t* signs, float* row, int64_t b, int64_t s, int64_t h,
+                               int lane, F&& f) {
+  const cpu::Fp8QuantizeParams& p = a.p;
+  const int64_t n = p.headdim;
+  const int64_t base = b * p.x_stride[0] + s * p.x_stride[1] + h * p.x_stride[2];
+  if (!p.hadamard) {
+    for (int64_t c = lane; c < n; c += 32) f(c, load_float(p.x, p.dtype, base + c));
+    return;
+  }
+  for (int c = lane; c < n; c += 32) {
+    const float v = load_float(p.x, p.dtype, base + c);
+    row[c] = signs[c] < 0 ? -v : v;
+  }
+  __syncwarp();
+  const int half = int(n / 2);
+  for (int hs = 1; hs < n; hs *= 2) {  // hadamard_forward's butterflies, one stage at a time
+    for (int k = lane; k < half; k += 32) {
+      const int i = (k / hs) * (2 * hs) + (k % hs);
+      const float x0 = row[i], x1 = row[i + hs];
+      row[i] = __fadd_rn(x0, x1);
+      row[i + hs] = __fsub_rn(x0, x1);
+    }
+    __syncwarp();
+  }
+  for (int c = lane; c < n; c += 32) f(c, __fmul_rn(row[c], a.inv_sqrt_n));
+  __syncwarp();  // the buffer is rewritten by this warp's next row
+}
+
+__global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a) {
+  const cpu::Fp8QuantizeParams& p = a.p;
+  __shared__ float rows[kWarps][kHadamardMaxDim];
+  __shared__ int8_t signs[kHadamardMaxDim];
+  __shared__ float warp_amax[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (p.hadamard) {
+    const int n = int(p.headdim);
+    for (int c = threadIdx.x; c < n; c += kThreads) signs[c] = int8_t(hadamard_sign(p.hadamard_seed, c));
+  }
+  __syncthreads();
+  float* row = rows[warp];
+  const int64_t items = p.batch * p.nheads * a.nblocks;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t blk = item % a.nblocks, bh = item / a.nblocks;
+    const int64_t b = bh / p.nheads, h = bh % p.nheads;
+    const int64_t s0 = blk * p.block_size;
+    const int64_t s1 = s0 + p.block_size < p.seqlen ? s0 + p.block_size : p.seqlen;
+
+    float amax = 0.f;
+    for (int64_t s = s0 + warp; s < s1; s += kWarps) {
+      for_each_value(a, signs, row, b, s, h, lane, [&](int64_t, float x) {
+        const float v = fabsf(x);
+        if (isfinite(v) && v > amax) amax = v;  // NaN/inf left out, as on the host
+      });
+    }
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) warp_amax[warp] = amax;
+    __syncthreads();
+    amax = warp_amax[0];
+    for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+    // cpu::fp8_scale_from_amax: amax / 448 in fp32 (IEEE division), at least FLT_MIN, 1 for 0.
+    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
+    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+
+    for (int64_t s = s0 + warp; s < s1; s += kWarps) {
+      uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
+      for_each_value(a, signs, row, b, s, h, lane,
+                     [&](int64_t c, float x) { dst[c] = float_to_e4m3(__fdiv_rn(x, scale)); });
+    }
+    __syncthreads();  // warp_amax is rewritten by the next item
+  }
+}
+
+}  // namespace
+
+flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
+  if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16 && p.dtype != FLASHATTN_DTYPE_FP32)
+    return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                     "dtype: FP8 quantization of CUDA tensors takes fp16, bf16 or fp32 (fp64: host tensors only)");
+  if (p.hadamard && !hadamard_dim_supported(p.headdim))
+    return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "hadamard: headdim %lld unsupported", (long long)p.headdim);
+  Fp8Args a;
+  a.p = p;
+  a.nblocks = cpu::fp8_num_blocks(p.seqlen, p.block_size);
+  a.inv_sqrt_n = p.hadamard ? float(1.0 / std::sqrt(double(p.headdim))) : 1.f;
+  const int64_t items = p.batch * p.nheads * a.nblocks;
+  if (items == 0) return FLASHATTN_SUCCESS;
+  const unsigned grid = unsigned(items < (int64_t(1) << 20) ? items : (int64_t(1) << 20));
+  fp8_quantize_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return set_error(FLASHATTN_ERROR_CUDA, "fp8_quantize kernel launch: %s", cudaGetErrorString(e));
+  return FLASHATTN_SUCCESS;
+}
+
+}  // namespace flashattn::cuda

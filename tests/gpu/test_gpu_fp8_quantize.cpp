@@ -1,0 +1,245 @@
+// flashattn_fp8_quantize on CUDA tensors (src/api/fp8_quantize_cuda.cu) against the host quantizer
+// on the same input: fp16/bf16/fp32, ragged seqlens (1, 7, 113, 799), block sizes 1, 64, 128 and
+// >= seqlen, the Hadamard transform on and off, strided input and output (padding poisoned and
+// checked untouched), outliers, an all-zero head and a NaN and an inf (NaN codes match up to
+// their sign, which IEEE leaves unspecified: the GPU makes +NaN, x86 -NaN for inf - inf).
+// Without the transform the device must give the host's bits exactly (the same fp32 values, IEEE
+// division, the same integer E4M3 encoder). With it the host transforms in fp64 and rounds once,
+// the device in fp32 (each butterfly add rounds): x' may differ by a few fp32 ulps, so a scale may
+// differ in its last bits (relative 1e-6 allowed) and a code by one E4M3 step where x' / scale
+// sits that close to a rounding boundary. E4M3 steps are >= 2^-4 of the value while the fp32 error
+// is ~2^-20 of the row's largest term, so such codes are rare: fewer than 0.1% are allowed (over
+// all cases), and none may differ by more than one step.
+// Skips without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/half_convert.h"
+#include "flashattn/flashattn.h"
+#include "test_util.h"
+
+namespace flashattn::test {
+namespace {
+
+bool have_gpu(std::string* why) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    *why = "no CUDA device";
+    return false;
+  }
+  if (!(flashattn_compiled_backends() &
+        ((1u << FLASHATTN_BACKEND_SM80) | (1u << FLASHATTN_BACKEND_SM90)))) {
+    *why = "this build has no CUDA path";
+    return false;
+  }
+  return true;
+}
+
+constexpr uint8_t kPoison = 0x5A;
+
+size_t elem_size(flashattn_dtype t) { return t == FLASHATTN_DTYPE_FP32 ? 4 : 2; }
+
+// A strided [b, s, h, d] buffer of `esize`-byte elements (padding after each head, row and batch).
+struct Strided {
+  int64_t shape[4], stride[4];
+  size_t esize;
+  std::vector<uint8_t> bytes;
+  Strided(int64_t b, int64_t s, int64_t h, int64_t d, size_t es, int pad) : esize(es) {
+    const int64_t sh[4] = {b, s, h, d};
+    std::memcpy(shape, sh, sizeof(shape));
+    stride[3] = 1;
+    stride[2] = d + pad;
+    stride[1] = h * stride[2] + 2 * pad + 1;
+    stride[0] = s * stride[1] + 3;
+    bytes.assign(size_t(std::max<int64_t>(1, b * stride[0])) * es, kPoison);
+  }
+  int64_t index(int64_t b, int64_t s, int64_t h, int64_t c) const {
+    return b * stride[0] + s * stride[1] + h * stride[2] + c;
+  }
+  flashattn_tensor view(void* data) const {
+    flashattn_tensor t;
+    t.data = data;
+    std::memcpy(t.shape, shape, sizeof(shape));
+    std::memcpy(t.stride, stride, sizeof(stride));
+    return t;
+  }
+};
+
+void store(Strided& x, flashattn_dtype t, int64_t i, float v) {
+  uint8_t* p = x.bytes.data() + size_t(i) * x.esize;
+  if (t == FLASHATTN_DTYPE_FP32) {
+    std::memcpy(p, &v, 4);
+  } else {
+    const uint16_t u = t == FLASHATTN_DTYPE_FP16 ? float_to_half(v) : float_to_bf16(v);
+    std::memcpy(p, &u, 2);
+  }
+}
+
+// Signed position of a code on the E4M3 number line (+-0 both 0; codes are monotone in magnitude).
+int position(uint8_t code) { return (code & 0x80) ? -int(code & 0x7F) : int(code & 0x7F); }
+bool is_nan_code(uint8_t code) { return (code & 0x7F) == 0x7F; }
+
+struct Totals {
+  int64_t elems = 0, off_by_one = 0;
+};
+
+void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadamard, uint64_t seed, Totals* tot) {
+  const int64_t b = 2, h = 3;
+  const std::string what = std::string(dtype == FLASHATTN_DTYPE_FP16 ? "fp16" : dtype == FLASHATTN_DTYPE_BF16 ? "bf16" : "fp32") +
+                           " s=" + std::to_string(s) + " d=" + std::to_string(d) + " block=" + std::to_string(block) +
+                           " hadamard=" + std::to_string(hadamard) + " seed=" + std::to_string(seed);
+  SCOPED_TRACE(what);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unif(0.f, 1.f);
+  Strided x(b, s, h, d, elem_size(dtype), 8);
+  for (int64_t ib = 0; ib < b; ++ib)
+    for (int64_t is = 0; is < s; ++is)
+      for (int64_t ih = 0; ih < h; ++ih) {
+        const float mag = std::ldexp(1.f, int(ih) * 3 - 3);  // heads of different magnitudes
+        for (int64_t c = 0; c < d; ++c) {
+          float v = normal(rng) * mag;
+          if (unif(rng) < 2e-3f) v *= 50.f + 500.f * unif(rng);  // outliers
+          if (ib == 0 && ih == 0) v = 0.f;                       // an all-zero head: scale 1
+          store(x, dtype, x.index(ib, is, ih, c), v);
+        }
+      }
+  if (s > 5) {  // not finite: left out of the amax (a NaN row stays NaN through the transform)
+    store(x, dtype, x.index(1, 3, 1, d / 2), std::numeric_limits<float>::quiet_NaN());
+    store(x, dtype, x.index(1, 5, 2, 1), std::numeric_limits<float>::infinity());
+  }
+  Strided q_host(b, s, h, d, 1, 5), q_dev(b, s, h, d, 1, 5);
+  const int64_t nblocks = (s + block - 1) / block;
+  const size_t nscales = size_t(b * h * nblocks);
+  std::vector<float> sc_host(nscales, -1.f), sc_dev(nscales, -1.f);
+
+  // Host quantizer.
+  flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  p.dtype = dtype;
+  p.x = x.view(x.bytes.data());
+  p.x_fp8 = q_host.view(q_host.bytes.data());
+  p.scales = sc_host.data();
+  p.block_size = block;
+  p.hadamard = hadamard;
+  p.hadamard_seed = seed ^ 0x9E3779B97F4A7C15ull;
+  ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+
+  // Device quantizer on copies, on a non-default stream.
+  void *dx = nullptr, *dq = nullptr, *ds = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.bytes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dq, q_dev.bytes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, nscales * 4), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.bytes.data(), x.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dq, q_dev.bytes.data(), q_dev.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ds, sc_dev.data(), nscales * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  p.x.data = dx;
+  p.x_fp8.data = dq;
+  p.scales = static_cast<float*>(ds);
+  p.options.device = 0;
+  ASSERT_EQ(flashattn_fp8_quantize(&p, stream), FLASHATTN_SUCCESS) << flashattn_last_error();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  ASSERT_EQ(cudaMemcpy(q_dev.bytes.data(), dq, q_dev.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sc_dev.data(), ds, nscales * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaStreamDestroy(stream);
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(ds);
+
+  // Scales.
+  for (size_t i = 0; i < nscales; ++i) {
+    if (hadamard) {
+      ASSERT_LE(std::fabs(sc_dev[i] - sc_host[i]), 1e-6f * sc_host[i]) << "scale " << i << ": device " << sc_dev[i]
+                                                                       << ", host " << sc_host[i];
+    } else {
+      ASSERT_EQ(sc_dev[i], sc_host[i]) << "scale " << i;
+    }
+  }
+  // Codes, and the padding: the device writes exactly where the host does.
+  int64_t off = 0;
+  for (size_t i = 0; i < q_dev.bytes.size(); ++i) {
+    const uint8_t a = q_dev.bytes[i], e = q_host.bytes[i];
+    if (a == e || (is_nan_code(a) && is_nan_code(e))) continue;  // a NaN's sign is unspecified (GPUs
+                                                                    // make canonical +NaN)
+    ASSERT_TRUE(hadamard) << "byte " << i << ": device " << int(a) << ", host " << int(e)
+                          << " (no transform: must be equal)";
+    ASSERT_FALSE(is_nan_code(a) || is_nan_code(e)) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ASSERT_LE(std::abs(position(a) - position(e)), 1) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ++off;
+  }
+  tot->elems += b * s * h * d;
+  tot->off_by_one += off;
+}
+
+TEST(GpuFp8Quantize, MatchesHost) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const uint64_t seed0 = fresh_seed();
+  Totals tot_had;
+  int n = 0;
+  for (flashattn_dtype dtype : {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP32})
+    for (int64_t s : {1, 7, 113, 799})
+      for (int block : {1, 64, 128, -1})
+        for (bool had : {false, true}) {
+          const int64_t d_had[] = {16, 64, 128, 256}, d_plain[] = {16, 40, 128, 320};  // plain: any headdim
+          const int64_t d = had ? d_had[n % 4] : d_plain[n % 4];
+          Totals tot;
+          run_case(dtype, s, d, block > 0 ? block : int(s) + 3, had, seed0 + uint64_t(n), had ? &tot_had : &tot);
+          ++n;
+          if (HasFatalFailure()) return;
+        }
+  RecordProperty("hadamard_off_by_one", std::to_string(tot_had.off_by_one) + " / " + std::to_string(tot_had.elems));
+  EXPECT_LT(double(tot_had.off_by_one), 1e-3 * double(tot_had.elems))
+      << tot_had.off_by_one << " of " << tot_had.elems << " codes differ by one step with the transform";
+}
+
+TEST(GpuFp8Quantize, RefusalsOnDevice) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const int64_t b = 1, s = 4, h = 1, d = 64;
+  void *dx = nullptr, *dq = nullptr, *ds = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, size_t(b * s * h * d) * 8), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dq, size_t(b * s * h * d)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, 64), cudaSuccess);
+  flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  const int64_t shape[4] = {b, s, h, d}, stride[4] = {s * h * d, h * d, d, 1};
+  for (flashattn_tensor* t : {&p.x, &p.x_fp8}) {
+    std::memcpy(t->shape, shape, sizeof(shape));
+    std::memcpy(t->stride, stride, sizeof(stride));
+  }
+  p.x.data = dx;
+  p.x_fp8.data = dq;
+  p.scales = static_cast<float*>(ds);
+  p.options.device = 0;
+  p.dtype = FLASHATTN_DTYPE_BF16;
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  EXPECT_EQ(flashattn_fp8_dequantize(&p, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(std::string(flashattn_last_error()).rfind("options.device", 0), 0u) << flashattn_last_error();
+  p.dtype = FLASHATTN_DTYPE_FP64;
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(std::string(flashattn_last_error()).rfind("dtype", 0), 0u) << flashattn_last_error();
+  // Host memory passed as device memory is refused by name.
+  std::vector<uint8_t> host(size_t(b * s * h * d) * 2);
+  p.dtype = FLASHATTN_DTYPE_BF16;
+  p.x.data = host.data();
+  EXPECT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(flashattn_last_error()).rfind("x.data", 0), 0u) << flashattn_last_error();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(ds);
+}
+
+}  // namespace
+}  // namespace flashattn::test
