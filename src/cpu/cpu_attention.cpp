@@ -357,30 +357,6 @@ struct FwdScratch {
         keep(size_t(kBlockM) * kBlockN, 0) {}
 };
 
-// `v` rounded to a 16-bit dtype (the rotated q and keys are held in the input dtype, as flashattn.h says).
-float round_to_float_dtype(flashattn_dtype dtype, float v) {
-  if (dtype == FLASHATTN_DTYPE_FP16) return half_to_float(float_to_half(v));
-  if (dtype == FLASHATTN_DTYPE_BF16) return bf16_to_float(float_to_bf16(v));
-  return v;
-}
-
-// The rotary embedding (flashattn.h) of `rows` fp32 rows x[r * ld + c], row r at position pos(r).
-template <typename Pos>
-void rotate_rows(const KvCache& kv, flashattn_dtype dtype, int rows, Pos pos, float* x, int ld) {
-  const int half = kv.rotary_dim / 2;
-  for (int r = 0; r < rows; ++r) {
-    float* row = x + size_t(r) * ld;
-    const int64_t base = int64_t(pos(r)) * half;
-    for (int c = 0; c < half; ++c) {
-      const float cs = load_float(kv.rotary_cos, dtype, base + c), sn = load_float(kv.rotary_sin, dtype, base + c);
-      const int c0 = kv.rotary_interleaved ? 2 * c : c, c1 = kv.rotary_interleaved ? 2 * c + 1 : c + half;
-      const float x0 = row[c0], x1 = row[c1];
-      row[c0] = round_to_float_dtype(dtype, x0 * cs - x1 * sn);
-      row[c1] = round_to_float_dtype(dtype, x0 * sn + x1 * cs);
-    }
-  }
-}
-
 FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, int mb, FwdScratch& w) {
   const Shape& sh = p.shape;
   const int d = sh.headdim, dp = w.dp, kvh = sh.kv_head(h);
@@ -396,8 +372,15 @@ FA_CPU_CLONES void fwd_block(const FwdParams& p, const Rng& rng, int b, int h, i
 
   load_rows(p.q, p.dtype, bm, d, [&](int r) { return row_offset(p.q_stride, b, sb.q_offset, row0 + r, h); },
             w.q.data(), dp);
-  if (p.kv.rotary())
-    rotate_rows(p.kv, p.dtype, bm, [&](int r) { return p.kv.q_position(b, row0 + r); }, w.q.data(), dp);
+  if (p.kv.rotary()) {  // the host paths' one rotation (common/kv_append.h), rounded to the dtype
+    std::vector<double> x(static_cast<size_t>(d));
+    for (int r = 0; r < bm; ++r) {
+      float* row = w.q.data() + size_t(r) * dp;
+      for (int c = 0; c < d; ++c) x[size_t(c)] = double(row[c]);
+      rotate_row_fp64(p.kv, p.dtype, p.dtype, p.kv.q_position(b, row0 + r), x.data());
+      for (int c = 0; c < d; ++c) row[c] = float(x[size_t(c)]);
+    }
+  }
   std::fill(w.q.begin() + size_t(bm) * dp, w.q.begin() + size_t(bm4) * dp, 0.f);
   std::fill(w.acc.begin(), w.acc.begin() + size_t(bm4) * dp, 0.f);
   for (int r = 0; r < bm; ++r) w.rows[r].init();
