@@ -8,9 +8,9 @@ the attention over the union of the ranges:
     LSE = log(sum_s exp(LSE_s)),   O = sum_s exp(LSE_s - LSE) O_s
 
 A row whose every LSE_s is -inf gets O = 0 and LSE = -inf (never NaN); a split with LSE_s = -inf
-contributes nothing (its O_s is not read). Runs the C library's flashattn_combine on CPU tensors
-(fp32 accumulation; fp64 for float64); CUDA tensors raise NotImplementedError until the GPU combine
-kernel lands with split-KV. No autograd: the outputs do not require grad.
+contributes nothing (its O_s is not read). Runs the C library's flashattn_combine: on CPU tensors
+(fp32 accumulation; fp64 for float64) or CUDA tensors (the device kernel split-KV decode uses,
+fp32 accumulation; float64 refused there). No autograd: the outputs do not require grad.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def combine(outs: _Stack, lses: _Stack) -> Tuple[torch.Tensor, torch.Tensor]:
 
     Raises:
         ValueError: a bad argument (the message names it).
-        NotImplementedError: CUDA tensors (no GPU combine kernel yet).
+        NotImplementedError: a library built without flashattn_combine.
     """
     o = _stacked("outs", outs, 4, "[batch, seqlen_q, nheads, headdim]")
     lse = _stacked("lses", lses, 3, "[batch, nheads, seqlen_q]")

@@ -28,7 +28,8 @@ bool have_gpu_path(flashattn_backend backend, std::string* why) {
     *why = "no CUDA device";
     return false;
   }
-  if (!(flashattn_compiled_backends() & (1u << backend))) {
+  // AUTO is a dispatch choice, not a compiled path: with a GPU it always has somewhere to go.
+  if (backend != FLASHATTN_BACKEND_AUTO && !(flashattn_compiled_backends() & (1u << backend))) {
     *why = std::string(flashattn_backend_name(backend)) + " is not compiled into this build";
     return false;
   }
