@@ -4,6 +4,7 @@
 // registers: the S accumulator is re-read as the A operand of the PV MMA.
 #pragma once
 
+#include <climits>
 #include <cmath>
 #include <type_traits>
 
@@ -14,6 +15,7 @@
 #include "common/softmax.h"
 #include "common/split_kv.h"
 #include "sm80/kernel_traits.h"
+#include "sm80/kv_prepass.h"
 #include "sm80/utils.h"
 
 namespace flashattn::sm80 {
@@ -58,9 +60,17 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache ? (Kt::kHeadDim <= 128
     sb = seq_bounds(p.shape, p.cu_seqlens_q, p.cu_seqlens_k, b);
   }
   const int m0 = m_block * kBlockM;
+  const int hk = p.shape.kv_head(h);
+  // Fused append (KV cache without rotary; the prepass rotates): attention reads the new rows from
+  // k_new/v_new themselves, and one CTA per (sequence, kv head) copies them into the cache, so no
+  // CTA of this launch reads a cache row that another one writes. Before any early exit.
+  const bool fused_append = kKvCache && p.kv.appends() && !p.kv.rotary();
+  if constexpr (kKvCache) {
+    if (fused_append && m_block == 0 && split_idx == 0 && h == hk * p.shape.group_size())
+      append_rows_cta<Element>(p, sb, b, hk, tidx, Kt::kNThreads);
+  }
   if (m0 >= sb.seqlen_q) return;
   const Mask mask = make_mask(p.mask, sb);
-  const int hk = p.shape.kv_head(h);
   int n_begin = 0, n_end = 0;
   mask.key_block_range(m0, kBlockM, kBlockN, &n_begin, &n_end);
   if constexpr (kKvCache) {  // this split's share of the sequence's key blocks
@@ -85,9 +95,21 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache ? (Kt::kHeadDim <= 128
     o_part = split.o_partial + split.o_index(split_idx, b, m0, h);
     lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, m0);
   }
-  // Key/value row j of this sequence (KV cache: through the cache's addressing).
-  auto k_row = [&](int j) { return static_cast<const Element*>(p.k) + key_offset(p.k_stride, p.kv, b, sb, j, hk); };
-  auto v_row = [&](int j) { return static_cast<const Element*>(p.v) + key_offset(p.v_stride, p.kv, b, sb, j, hk); };
+  // Key/value row j of this sequence (KV cache: through the cache's addressing; a fused append's
+  // new rows, from key j_new on, from k_new/v_new).
+  const int j_new = fused_append ? sb.seqlen_k - p.kv.seqlen_new : INT_MAX;
+  auto k_row = [&](int j) {
+    if (j >= j_new)
+      return static_cast<const Element*>(p.kv.k_new) + b * p.kv.k_new_batch + (j - j_new) * p.kv.k_new_row +
+             hk * p.kv.k_new_head;
+    return static_cast<const Element*>(p.k) + key_offset(p.k_stride, p.kv, b, sb, j, hk);
+  };
+  auto v_row = [&](int j) {
+    if (j >= j_new)
+      return static_cast<const Element*>(p.kv.v_new) + b * p.kv.v_new_batch + (j - j_new) * p.kv.v_new_row +
+             hk * p.kv.v_new_head;
+    return static_cast<const Element*>(p.v) + key_offset(p.v_stride, p.kv, b, sb, j, hk);
+  };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
   auto store_out = [&](auto const& acc_rc, auto const& coord_rc, int rows, int cols, float scale) {
     if (partial) {

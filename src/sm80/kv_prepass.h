@@ -3,7 +3,8 @@
 // has a rotary embedding) to a contiguous [batch, seqlen_q, nheads_q, headdim] buffer that the
 // attention kernel then reads as q. One warp per row; the lanes take the rotary pairs, then the
 // columns past rotary_dim. fp32 math, each result rounded once to Element (flashattn.h).
-// v1: its own launch before the attention kernel (same stream), not yet fused into the producer.
+// Without a rotary embedding the attention kernel appends itself (append_rows_cta below, fused:
+// no prepass launch); with one, the rotation runs here, in its own launch before the attention.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +31,43 @@ __device__ __forceinline__ void rotate_row_to(const KvCache& kv, const Element* 
     dst[c1] = Element(x0 * sn + x1 * cs);
   }
   for (int c = rd + lane; c < d; c += 32) dst[c] = src[c];
+}
+
+// The appended rows of sequence b, kv head hk, copied (not rotated) into the cache by the
+// `threads` threads of one CTA: the attention kernel's fused append (fwd_kernel.h). 16-byte
+// vectors where every address allows them (the usual layout), elements otherwise.
+template <typename Element>
+__device__ __forceinline__ void append_rows_cta(const FwdParams& p, const SeqBounds& sb, int b, int hk, int tid,
+                                                int threads) {
+  const KvCache& kv = p.kv;
+  const int d = p.shape.headdim;
+  const int end = sb.k_row0 + sb.seqlen_k;  // the sequence's end row after appending (cache rows)
+  constexpr int kVec = 16 / int(sizeof(Element));
+  const Element* kn = static_cast<const Element*>(kv.k_new) + b * kv.k_new_batch + hk * kv.k_new_head;
+  const Element* vn = static_cast<const Element*>(kv.v_new) + b * kv.v_new_batch + hk * kv.v_new_head;
+  Element* kc = const_cast<Element*>(static_cast<const Element*>(p.k));
+  Element* vc = const_cast<Element*>(static_cast<const Element*>(p.v));
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const bool vec = d % kVec == 0 && aligned(kn) && aligned(vn) && aligned(kc) && aligned(vc) &&
+                   kv.k_new_row % kVec == 0 && kv.v_new_row % kVec == 0 && p.k_stride.row % kVec == 0 &&
+                   p.v_stride.row % kVec == 0 && p.k_stride.head % kVec == 0 && p.v_stride.head % kVec == 0 &&
+                   p.k_stride.batch % kVec == 0 && p.v_stride.batch % kVec == 0;
+  const int per_row = vec ? d / kVec : d;
+  for (int item = tid; item < kv.seqlen_new * per_row; item += threads) {
+    const int j = item / per_row, c = (item % per_row) * (vec ? kVec : 1);
+    const int r = end - kv.seqlen_new + j;
+    Element* kdst = kc + cache_offset(p.k_stride, kv, b, sb, r, hk) + c;
+    Element* vdst = vc + cache_offset(p.v_stride, kv, b, sb, r, hk) + c;
+    const Element* ksrc = kn + int64_t(j) * kv.k_new_row + c;
+    const Element* vsrc = vn + int64_t(j) * kv.v_new_row + c;
+    if (vec) {
+      *reinterpret_cast<uint4*>(kdst) = *reinterpret_cast<const uint4*>(ksrc);
+      *reinterpret_cast<uint4*>(vdst) = *reinterpret_cast<const uint4*>(vsrc);
+    } else {
+      *kdst = *ksrc;
+      *vdst = *vsrc;
+    }
+  }
 }
 
 template <typename Element>

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "api/cuda_util.h"
@@ -154,11 +155,22 @@ template <typename Element, int kHeadDim>
 flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
   using Kt = KvFwdTraits<Element, kHeadDim>;
   auto kernel = fwd_kernel<Kt, false, true>;
-  flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", kHeadDim);
-  int slots = 1;
-  if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, Kt::kSmemSize, &slots);
-  if (s == FLASHATTN_SUCCESS) *plan = kv_plan(p, sizeof(Element), slots);
-  return s;
+  // The smem opt-in and the occupancy query once per device: a decode loop calls this twice per
+  // step (workspace size, then the launch), and the occupancy query costs microseconds of host time.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> slots_of_device[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return cuda_failure(e, "KV-cache forward");
+  int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
+  if (slots == 0) {
+    flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", kHeadDim);
+    if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, Kt::kSmemSize, &slots);
+    if (s != FLASHATTN_SUCCESS) return s;
+    if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
+  }
+  *plan = kv_plan(p, sizeof(Element), slots);
+  return FLASHATTN_SUCCESS;
 }
 
 template <typename Element, int kHeadDim>
@@ -179,18 +191,23 @@ flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t st
   const FwdParams& a = plan.attn;
   if ((s = check_grid(a.shape.batch * plan.split.num_splits, a.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
   cudaError_t e = cudaSuccess;
-  // 1. Appends (and q rotated into the workspace), before any attention reads the cache.
-  Element* q_rot = plan.rotate_q ? static_cast<Element*>(const_cast<void*>(a.q)) : nullptr;
-  const int64_t rows = (p.kv.appends() ? int64_t(p.shape.batch) * p.kv.seqlen_new * p.shape.nheads_kv : 0) +
-                       (q_rot ? int64_t(p.shape.batch) * p.shape.seqlen_q * p.shape.nheads_q : 0);
-  if (rows > 0) {
-    const int grid = int(std::min<int64_t>((rows + kPrepassWarps - 1) / kPrepassWarps, 1 << 16));
-    kv_prepass_kernel<Element><<<grid, 32 * kPrepassWarps, 0, stream>>>(p, q_rot);
-    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv prepass launch");
-  }
-  // 2. Attention, each split writing its partial results (or out itself without splits).
   const dim3 grid((a.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, a.shape.nheads_q,
                   a.shape.batch * plan.split.num_splits);
+  // 1. Rotated appends (and q rotated into the workspace), before any attention reads the cache.
+  // Appends without rotary are fused into the attention kernel, which has a CTA per (sequence,
+  // kv head) whenever it launches at all.
+  const bool prepass_appends = p.kv.appends() && (p.kv.rotary() || grid.x == 0);
+  Element* q_rot = plan.rotate_q ? static_cast<Element*>(const_cast<void*>(a.q)) : nullptr;
+  const int64_t rows = (prepass_appends ? int64_t(p.shape.batch) * p.kv.seqlen_new * p.shape.nheads_kv : 0) +
+                       (q_rot ? int64_t(p.shape.batch) * p.shape.seqlen_q * p.shape.nheads_q : 0);
+  if (rows > 0) {
+    // (rows > 0 without prepass_appends means q rotated and no appends: the prepass's own test.)
+    const int pre_grid = int(std::min<int64_t>((rows + kPrepassWarps - 1) / kPrepassWarps, 1 << 16));
+    kv_prepass_kernel<Element><<<pre_grid, 32 * kPrepassWarps, 0, stream>>>(p, q_rot);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv prepass launch");
+  }
+  // 2. Attention (appending itself where the prepass did not), each split writing its partial
+  // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
   fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(a, plan.split);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
