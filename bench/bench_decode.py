@@ -12,13 +12,19 @@ FlashInfer's decode/batch-decode kernels where its wheel imports. Shapes whose K
 --max-kv-gb are skipped. Plus the host time per Python call (tiny problem, no sync): ours
 (flash_attn_func, flash_attn_with_kvcache) and SDPA. A peer that fails is n/a, never fatal.
 
-Timing: CUDA events, warm-up, median over >= --min-iters calls (bench_vs_peers.time_ms).
+Timing: CUDA events, warm-up, median over >= --min-iters calls (bench_vs_peers.time_ms), twice:
+eager (one Python call per step: on a slow host a small decode step is host-bound, and the event
+pair then also spans the host's enqueue time) and replaying a CUDA graph of the same call (what a
+serving engine does; the GPU time alone, the figure the bandwidth targets are about). Rows report
+both; kv_gbps and pct_of_copy use the graph time where the impl captures, else the eager time.
+`flashattn-sN` / `flashattn-paged-sN` impls force num_splits = N (the heuristic's choice is 0).
 
     python bench/bench_decode.py [--quick] [--out FILE | --out-dir DIR]
     python bench/bench_decode.py --device cpu --quick   # smoke run of the script itself, no GPU
 Writes bench/results/<gpu>-<yyyymmdd>-decode.json:
     {"device", "torch", "copy_gbps", "host_us": {...}, "rows": [{"impl", "layout", "seqlen_q", "cache",
-     "batch", "nheads_q", "nheads_kv", "hdim", "ms", "kv_gb", "kv_gbps", "pct_of_copy", "max_err"}]}
+     "batch", "nheads_q", "nheads_kv", "hdim", "ms", "ms_eager", "ms_graph", "kv_gb", "kv_gbps", "pct_of_copy",
+     "max_err"}]}
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--max-kv-gb", type=float, default=24.0)
     p.add_argument("--impls", default="flashattn,flashattn-paged,cudnn,fa2,flashinfer")
     p.add_argument("--min-iters", type=int, default=20)
+    p.add_argument("--no-graph", action="store_true", help="eager timing only (no CUDA-graph replay rows)")
     p.add_argument("--max-iters", type=int, default=200)
     p.add_argument("--target-ms", type=float, default=200.0)
     p.add_argument("--warmup-ms", type=float, default=50.0)
@@ -80,6 +87,32 @@ def time_ms(fn, args, device):
     from bench_vs_peers import time_ms as cuda_time_ms
 
     return cuda_time_ms(fn, args)
+
+
+def graph_time_ms(fn, args, device):
+    """Median CUDA-event time of replaying a CUDA graph of one fn() call (None where fn does not
+    capture): the GPU time of a step without the host's per-call cost."""
+    if device.type != "cuda" or args.no_graph:
+        return None
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture (lazy init, workspace caching)
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001
+        print(f"    (no graph: {type(e).__name__}: {str(e).splitlines()[0][:120]})")
+        torch.cuda.synchronize(device)
+        return None
+    ms = time_ms(graph.replay, args, device)
+    del graph
+    return ms
 
 
 def copy_gbps(device, args):
@@ -123,12 +156,14 @@ def make_problem(device, b, sq, cache, hq, hk, d, page):
 def impl_fn(name, pr, causal=True):
     """A zero-argument callable running one decode step of `name` on problem `pr`."""
     q, seqlens = pr["q"], pr["seqlens"]
-    if name == "flashattn":
-        return lambda: flash_attn_with_kvcache(q, pr["kc"], pr["vc"], pr["k_new"], pr["v_new"], cache_seqlens=seqlens,
-                                               causal=causal)
-    if name == "flashattn-paged":
+    base, _, forced = name.partition("-s")
+    if base in ("flashattn", "flashattn-paged") and (not forced or forced.isdigit()):
+        splits = int(forced) if forced else 0
+        if base == "flashattn":
+            return lambda: flash_attn_with_kvcache(q, pr["kc"], pr["vc"], pr["k_new"], pr["v_new"],
+                                                   cache_seqlens=seqlens, causal=causal, num_splits=splits)
         return lambda: flash_attn_with_kvcache(q, pr["kp"], pr["vp"], pr["k_new"], pr["v_new"], cache_seqlens=seqlens,
-                                               block_table=pr["table"], causal=causal)
+                                               block_table=pr["table"], causal=causal, num_splits=splits)
     if name in ("cudnn", "fa2", "math"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -223,7 +258,7 @@ def main(argv=None):
                     pr = make_problem(device, b, sq, cache, hq, hk, d, args.page_size)
                     ref = None
                     for impl in impls:
-                        row = dict(impl=impl, layout="paged16" if impl.endswith("paged") else "contiguous", seqlen_q=sq,
+                        row = dict(impl=impl, layout=f"paged{args.page_size}" if "paged" in impl else "contiguous", seqlen_q=sq,
                                    cache=cache, batch=b, nheads_q=hq, nheads_kv=hk, hdim=d, kv_gb=kv_bytes / 1e9)
                         try:
                             fn = impl_fn(impl, pr)
@@ -232,20 +267,23 @@ def main(argv=None):
                                 if ref is None and impl in ("flashattn", "math"):
                                     ref = out.float()
                                 row["max_err"] = (out.float() - ref).abs().max().item() if ref is not None else None
-                                ms = time_ms(fn, args, device)
+                                ms_eager = time_ms(fn, args, device)
+                                ms_graph = graph_time_ms(fn, args, device)
                         except Unavailable as e:
                             print(f"  {impl:16s} n/a: {e}")
                             continue
                         except Exception as e:  # noqa: BLE001
                             print(f"  {impl:16s} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                             continue
-                        row["ms"] = ms
+                        ms = ms_graph if ms_graph is not None else ms_eager
+                        row.update(ms=ms, ms_eager=ms_eager, ms_graph=ms_graph)
                         row["kv_gbps"] = kv_bytes / (ms * 1e-3) / 1e9
                         row["pct_of_copy"] = 100.0 * row["kv_gbps"] / copy if copy == copy else None
                         rows.append(row)
                         pct = f"{row['pct_of_copy']:5.1f}%" if row["pct_of_copy"] is not None else "  n/a"
-                        print(f"sq{sq} cache{cache:>6} b{b:>3} h{hq}/{hk} {impl:16s} {ms:8.3f} ms "
-                              f"{row['kv_gbps']:8.0f} GB/s {pct}  err {row['max_err']}")
+                        graph = f"{ms_graph:8.3f}" if ms_graph is not None else "     n/a"
+                        print(f"sq{sq} cache{cache:>6} b{b:>3} h{hq}/{hk} {impl:18s} graph {graph} ms eager "
+                              f"{ms_eager:8.3f} ms {row['kv_gbps']:8.0f} GB/s {pct}  err {row['max_err']}")
                     del pr
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
