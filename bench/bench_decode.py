@@ -47,9 +47,6 @@ except ImportError:
     sys.path.insert(0, str(ROOT / "python"))
 from flashattn import flash_attn_func, flash_attn_with_kvcache  # noqa: E402
 
-HEADS = [(32, 8), (64, 8), (32, 32)]
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a few rows (batch 1 and 32, caches 4k and 64k, GQA 32/8)")
@@ -57,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--seqlens-q", default="1,4")
     p.add_argument("--caches", default="1024,4096,16384,65536,131072")
     p.add_argument("--batches", default="1,8,32,128")
+    p.add_argument("--heads", default="32/8,64/8,32/32", help="query/kv head counts, comma-separated")
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--max-kv-gb", type=float, default=24.0)
@@ -246,7 +244,9 @@ def main(argv=None):
     print(f"device: {name}; copy bandwidth (read + write): {copy:.0f} GB/s")
     rows = []
     impls = [s for s in args.impls.split(",") if s]
-    heads = HEADS[:1] if args.quick else HEADS
+    heads = [tuple(map(int, x.split("/"))) for x in args.heads.split(",") if x]
+    if args.quick:
+        heads = heads[:1]
     for sq in map(int, args.seqlens_q.split(",")):
         for cache in map(int, args.caches.split(",")):
             for b in map(int, args.batches.split(",")):
