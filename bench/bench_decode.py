@@ -17,7 +17,9 @@ eager (one Python call per step: on a slow host a small decode step is host-boun
 pair then also spans the host's enqueue time) and replaying a CUDA graph of the same call (what a
 serving engine does; the GPU time alone, the figure the bandwidth targets are about). Rows report
 both; kv_gbps and pct_of_copy use the graph time where the impl captures, else the eager time.
-`flashattn-sN` / `flashattn-paged-sN` impls force num_splits = N (the heuristic's choice is 0).
+`flashattn-sN` / `flashattn-paged-sN` impls force num_splits = N (the heuristic's choice is 0);
+`flashattn-plain` is flash_attn_func over the same contiguous keys (the non-cache path, e.g. for
+prefill-sized q: what paged prefill is compared with).
 
     python bench/bench_decode.py [--quick] [--out FILE | --out-dir DIR]
     python bench/bench_decode.py --device cpu --quick   # smoke run of the script itself, no GPU
@@ -162,6 +164,10 @@ def impl_fn(name, pr, causal=True):
                                                    cache_seqlens=seqlens, causal=causal, num_splits=splits)
         return lambda: flash_attn_with_kvcache(q, pr["kp"], pr["vp"], pr["k_new"], pr["v_new"], cache_seqlens=seqlens,
                                                block_table=pr["table"], causal=causal, num_splits=splits)
+    if name == "flashattn-plain":  # the plain forward over the contiguous keys (no cache API, no append)
+        cache = int(seqlens[0])
+        kc, vc = pr["kc"][:, : cache + 1], pr["vc"][:, : cache + 1]
+        return lambda: flash_attn_func(q, kc, vc, causal=causal)
     if name in ("cudnn", "fa2", "math"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -28,11 +28,12 @@ namespace flashattn::sm80 {
 // cache's addressing (paged or contiguous), sequences' key ranges from the cache lengths, and
 // split-KV: blockIdx.z = batch * num_splits + split, each split writing fp32 partial results that
 // the combine kernel merges. A kernel of its own, so the plain forward keeps its registers.
-// Memory-bound decode wants several CTAs per SM (bytes in flight): the KV-cache kernel is held to
-// 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no spills), 2 above (its smem
-// allows 2 there anyway; at 4, hdim 256 spilled 120 bytes).
+// Memory-bound decode wants several CTAs per SM (bytes in flight): the KV-cache kernel's decode
+// tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
+// spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
+// prefill tile (64 rows) is left to the compiler.
 template <typename Kt, bool kAllCols, bool kKvCache = false>
-__global__ void __launch_bounds__(Kt::kNThreads, kKvCache ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
+__global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
     fwd_kernel(const FwdParams p, const SplitKv split) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;

@@ -47,9 +47,13 @@ struct BwdWorkspaceLayout {
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
 
-// The KV-cache forward's tile (launch_impl.cuh: KvFwdTraits): few query rows, two warps per row.
+// The KV-cache forward's decode tile (launch_impl.cuh: KvFwdTraits): few query rows, two warps
+// per row. Calls with more than kKvPrefillMinRows query rows (prefill or chunked prefill over a
+// cache) run a 64-row tile instead (KvPrefillTraits).
 constexpr int kKvBlockM = 32;
 constexpr int kKvBlockN = 64;
+constexpr int kKvPrefillMinRows = 64;
+inline bool kv_prefill_tile(const FwdParams& p) { return p.shape.seqlen_q > kKvPrefillMinRows; }
 
 // How a KV-cache forward runs: the params its attention kernel sees, the split count and the
 // workspace carve-up. The same for the size query and the call (a function of shapes only).
@@ -70,8 +74,9 @@ struct KvPlan {
   }
 };
 
-// `slots`: CTAs the device runs at once (SMs x resident CTAs of the kernel).
-inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots) {
+// `slots`: CTAs the device runs at once (SMs x resident CTAs of the kernel); block_m x block_n
+// its tile.
+inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots, int block_m, int block_n) {
   KvPlan k;
   k.attn = p;
   FwdParams& a = k.attn;
@@ -102,8 +107,8 @@ inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots) {
   // unwritten partials).
   int splits = 1;
   if (!varlen && p.num_splits != 1) {
-    const int64_t ctas = int64_t((sh.seqlen_q + kKvBlockM - 1) / kKvBlockM) * sh.nheads_q * sh.batch;
-    const int n_blocks = (sh.seqlen_k + kKvBlockN - 1) / kKvBlockN;
+    const int64_t ctas = int64_t((sh.seqlen_q + block_m - 1) / block_m) * sh.nheads_q * sh.batch;
+    const int n_blocks = (sh.seqlen_k + block_n - 1) / block_n;
     splits = p.num_splits > 1 ? std::max(1, std::min(p.num_splits, n_blocks)) : choose_num_splits(ctas, slots, n_blocks, 128);
   }
   k.split.num_splits = splits;

@@ -133,9 +133,10 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
       "forward", [&](auto kt) { return run_fwd_with<decltype(kt)>(p, stream); });
 }
 
-// The KV-cache forward's tile: 32 query rows (decode has a few, GQA-packed), 64 keys, two warps
-// per row so each warp reads half of every K/V tile from smem. Columns predicated (any head dim up
-// to the kernel's): one kernel per (dtype, head dim).
+// The KV-cache forward's decode tile: 32 query rows (decode has a few, GQA-packed), 64 keys, two
+// warps per row so each warp reads half of every K/V tile from smem. Prefill-sized calls use
+// KvPrefillTraits (kv_prefill_tile). Columns predicated (any head dim up to the kernel's):
+// one kernel per (tile, dtype, head dim).
 template <typename E, int D>
 using KvFwdTraits = FwdTraits<E, D, kKvBlockM, kKvBlockN, 4, /*kWarpsN=*/2>;
 
@@ -151,12 +152,12 @@ flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots
   return FLASHATTN_SUCCESS;
 }
 
-template <typename Element, int kHeadDim>
-flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
-  using Kt = KvFwdTraits<Element, kHeadDim>;
+// The plan of a KV-cache forward on tile Kt. The smem opt-in and the occupancy query run once per
+// device: a decode loop calls this twice per step (workspace size, then the launch), and the
+// occupancy query costs microseconds of host time.
+template <typename Kt>
+flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   auto kernel = fwd_kernel<Kt, false, true>;
-  // The smem opt-in and the occupancy query once per device: a decode loop calls this twice per
-  // step (workspace size, then the launch), and the occupancy query costs microseconds of host time.
   constexpr int kMaxDevices = 64;
   static std::atomic<int> slots_of_device[kMaxDevices];
   int dev = 0;
@@ -164,13 +165,34 @@ flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
   if (e != cudaSuccess) return cuda_failure(e, "KV-cache forward");
   int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
-    flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", kHeadDim);
+    flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", Kt::kHeadDim);
     if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, Kt::kSmemSize, &slots);
     if (s != FLASHATTN_SUCCESS) return s;
     if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
   }
-  *plan = kv_plan(p, sizeof(Element), slots);
+  *plan = kv_plan(p, sizeof(typename Kt::Element), slots, Kt::kBlockM, Kt::kBlockN);
   return FLASHATTN_SUCCESS;
+}
+
+// The prefill tile up to hdim 128: 64 query rows x 64 keys, 4 warps (126-246 registers, no
+// spills, sm_90 SASS). Not the plain forward's 128-row tile: with the gathers' per-row addressing
+// it needed a 2.9 KB stack frame at hdim 128. Above hdim 128 even 64 rows did (3.5 KB at 256 with
+// two warps per row), so those head dims keep the 32-row decode tile for every call.
+template <typename E, int D>
+using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
+
+// Calls fn(Kt{}) with the KV-cache forward's tile for p: decode or prefill-sized.
+template <typename Element, int kHeadDim, typename Fn>
+flashattn_status with_kv_tile(const FwdParams& p, Fn&& fn) {
+  if constexpr (kHeadDim <= 128) {
+    if (kv_prefill_tile(p)) return fn(KvPrefillTraits<Element, kHeadDim>{});
+  }
+  return fn(KvFwdTraits<Element, kHeadDim>{});
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
+  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) { return kv_plan_with<decltype(kt)>(p, plan); });
 }
 
 template <typename Element, int kHeadDim>
@@ -179,11 +201,11 @@ size_t kv_workspace(const FwdParams& p) {
   return kv_plan_for<Element, kHeadDim>(p, &plan) == FLASHATTN_SUCCESS ? plan.total : 0;
 }
 
-template <typename Element, int kHeadDim>
-flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t stream) {
-  using Kt = KvFwdTraits<Element, kHeadDim>;
+template <typename Kt>
+flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream_t stream) {
+  using Element = typename Kt::Element;
   KvPlan plan;
-  flashattn_status s = kv_plan_for<Element, kHeadDim>(p, &plan);
+  flashattn_status s = kv_plan_with<Kt>(p, &plan);
   if (s != FLASHATTN_SUCCESS) return s;
   if (plan.total > 0 && workspace == nullptr)
     return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm80 KV-cache forward needs %zu bytes", plan.total);
@@ -218,6 +240,11 @@ flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t st
     return cuda::combine(plan.split.combine_into(a.o, a.dtype, out_stride, a.lse, lse_stride), stream);
   }
   return FLASHATTN_SUCCESS;
+}
+
+template <typename Element, int kHeadDim>
+flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t stream) {
+  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) { return run_fwd_kv_with<decltype(kt)>(p, workspace, stream); });
 }
 
 template <typename Kt>
