@@ -156,6 +156,33 @@ TEST_P(GpuKvCache, DecodeGridMatchesGatheredOracle) {
   }
 }
 
+// Prefill-sized q over a cache (more than 64 query rows: the CUDA path's prefill tile), fixed
+// length, with every option of the decode grid: appends (fused, or rotated by the prepass),
+// leftpad, batch_idx, pages of 1..256 rows, windows, softcap, ALiBi, GQA.
+TEST_P(GpuKvCache, PrefillGridMatchesGatheredOracle) {
+  std::string why;
+  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
+  std::mt19937_64 master(fresh_seed());
+  KvGrid grid;
+  grid.dtypes = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
+  grid.headdims = {128, 64, 80};
+  grid.cache_lens = {0, 7, 113, 799};
+  grid.max_group = 4;
+  grid.capacity_min = 200;
+  grid.capacity_span = 800;
+  grid.capacity_256 = 1100;
+  grid.window_left = 37;
+  grid.softcap = 20.f;
+  grid.partial_rotary_dim = 32;
+  const int rows[] = {65, 100, 130};
+  for (int trial = 0; trial < 12; ++trial) {
+    KvCase c = random_kv_case(master, grid);
+    c.sq = rows[trial % 3];
+    run_gpu_case(c, master(), GetParam());
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_P(GpuKvCache, PagedPrefillVarlen) {
   std::string why;
   if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
