@@ -293,19 +293,26 @@ def main(argv=None):
                     del pr
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
+                    save(args, name, copy, None, rows, quiet=True)  # so far (a run cut short keeps its rows)
     hus = host_us(device)
     for k, v in hus.items():
         print(f"host per call: {k:36s} {v:7.1f} us")
+    save(args, name, copy, hus, rows)
+
+
+def save(args, name, copy, hus, rows, quiet=False):
+    """Writes the result JSON (on a GPU, or where --out names a file)."""
     result = dict(device=name, torch=torch.__version__, date=datetime.date.today().isoformat(), copy_gbps=copy,
                   host_us=hus, rows=rows)
     out = args.out
     if out is None:
         slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
         out = str(Path(args.out_dir) / f"{slug}-{datetime.date.today():%Y%m%d}-decode.json")
-    if device.type == "cuda" or args.out:
+    if args.device != "cpu" or args.out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {out}")
+        if not quiet:
+            print(f"wrote {out}")
 
 
 if __name__ == "__main__":
