@@ -1056,7 +1056,8 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     elif cache_seqlens is not None and cache_seqlens.numel():
         # Only kv_cache.seqlens set (the usual decode step): the template's kv_cache is all zeros.
         _SEQLENS_FIELD.pack_into(p, _SEQLENS_OFFSET, cache_seqlens.data_ptr())
-    p.num_splits = num_splits
+    if num_splits:
+        p.num_splits = num_splits  # the template's is 0
     glossary = _GLOSSARY_PAGED if varlen else _GLOSSARY_KVCACHE
     if index >= 0:
         key = ("fwd_kvcache", qf[1:], kcf[1:], vcf[1:], knf[1:], vnf[1:], dtype_id,

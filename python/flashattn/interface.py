@@ -674,7 +674,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
     device = q.device
     batch, seqlen_q, _, d = q.shape
-    hk = k_cache.shape[2]
+    kc_shape = k_cache.shape
+    hk = kc_shape[2]
     paged = block_table is not None
     if (k is None) != (v is None):
         raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
@@ -732,8 +733,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             raise ValueError(f"flashattn: k_cache has page_block_size 0 (shape {tuple(k_cache.shape)})")
         capacity = k_cache.shape[1] * block_table.shape[1]
     else:
-        capacity = k_cache.shape[1]
-        if cache_batch_idx is None and k_cache.shape[0] != batch:
+        capacity = kc_shape[1]
+        if cache_batch_idx is None and kc_shape[0] != batch:
             if k_cache.shape[0] < batch:
                 raise ValueError(f"flashattn: k_cache has {k_cache.shape[0]} batch entries, fewer than q's batch {batch}"
                                  " (pass cache_batch_idx to map sequences to cache entries)")
