@@ -198,15 +198,27 @@ def _pack_head(packer, p, values, options):
 
 
 _TEMPLATES = {}
+_FWD_TEMPLATE = None  # _TEMPLATES["fwd"], once made: the per-call path copies it without a dict lookup
+_FWD_FROM = _lib.FwdParams.from_buffer_copy
+_byref = ctypes.byref
 
 
-def _new_params(kind):
-    """A zeroed-and-initialized params struct (flashattn_*_params_init), copied from a cached one."""
+def _template(kind):
+    """The library's initialized params struct (flashattn_*_params_init), made once."""
+    global _FWD_TEMPLATE
     tpl = _TEMPLATES.get(kind)
     if tpl is None:
         lib = _lib.load()
         tpl = lib.flashattn_fwd_params_init() if kind == "fwd" else lib.flashattn_bwd_params_init()
         _TEMPLATES[kind] = tpl
+        if kind == "fwd":
+            _FWD_TEMPLATE = tpl
+    return tpl
+
+
+def _new_params(kind):
+    """A zeroed-and-initialized params struct (flashattn_*_params_init), copied from a cached one."""
+    tpl = _template(kind)
     return type(tpl).from_buffer_copy(tpl)
 
 
@@ -265,9 +277,11 @@ def _fill_varlen(vl, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 _WS_CACHE: dict = {}
 
 
-def _workspace(kind, params, key, device, raise_for_status=None):
+def _workspace(kind, params, key, device, raise_for_status=None, like=None, glossary=None):
     """(tensor or None, pointer, bytes) of the scratch this device call needs, from torch's allocator (key: the
-    call's signature for CUDA tensors, None for host tensors)."""
+    call's signature for CUDA tensors, None for host tensors). like: a tensor on `device` (device may then be None):
+    the scratch comes from like.new_empty (cheaper than torch.empty with a device argument, same allocation).
+    glossary: errors go through _raise_kv with it."""
     if key is None:
         return None, None, 0  # host paths allocate their own (plain heap memory)
     nbytes = _WS_CACHE.get(key)
@@ -290,6 +304,8 @@ def _workspace(kind, params, key, device, raise_for_status=None):
                     del os.environ["FLASHATTN_TRUST_CU_SEQLENS"]
                 else:
                     os.environ["FLASHATTN_TRUST_CU_SEQLENS"] = old
+        if glossary is not None:
+            _raise_kv(status, f"{kind} (workspace size)", glossary)
         (raise_for_status or _lib.raise_for_status)(status, f"{kind} (workspace size)")
         nbytes = int(size.value)
         if len(_WS_CACHE) > 4096:
@@ -297,7 +313,10 @@ def _workspace(kind, params, key, device, raise_for_status=None):
         _WS_CACHE[key] = nbytes
     if nbytes == 0:
         return None, None, 0
-    ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    if like is not None:
+        ws = like.new_empty(nbytes, dtype=torch.uint8)
+    else:
+        ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws, ws.data_ptr(), nbytes
 
 
@@ -391,13 +410,17 @@ def _mods_key(dropout_p, alibi_slopes):
     return (dropout_p > 0, None if alibi_slopes is None else _alibi_batch_stride(alibi_slopes))
 
 
+_NO_MODS = (False, None)  # _mods_key(0.0, None)
+
+
 # ---- the ops ---------------------------------------------------------------------------------
 
 
 def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend, want_rng=True):
+              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend, want_rng=True, need_lse=True):
     """(out, lse, rng_state): rng_state is the int64 [2] {seed, offset} drawn for dropout, zeros without
-    (None without dropout when not want_rng: flashattn::fwd has no such output)."""
+    (None without dropout when not want_rng: flashattn::fwd has no such output). need_lse False (an eager call
+    whose LSE nobody reads): lse is None, the library gets a NULL lse and computes none."""
     varlen = cu_seqlens_q is not None
     dtype = q.dtype
     dtype_id = _DTYPES.get(dtype) or _dtype_id(dtype)
@@ -415,18 +438,18 @@ def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     kp, kf = _abi(kp, vec, varlen)
     vp, vf = _abi(vp, vec, varlen)
     _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
-    lse_dtype = _lse_dtype(dtype, backend)
+    lse_dtype = torch.float64 if dtype is torch.float64 and backend != _BACKEND_CPU else torch.float32  # _lse_dtype
     # Varlen: rows outside every sequence (cu_seqlens[-1] < total) are never written; define them.
     if varlen or _POISON:
         device = q.device
         out = _alloc(qp.shape, dtype, device, 0.0 if varlen else None)
-        lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
+        lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None) if need_lse else None
     else:
         out = qp.new_empty(B, S, H, D)
-        lse = qp.new_empty(B, H, S, dtype=lse_dtype)
+        lse = qp.new_empty(B, H, S, dtype=lse_dtype) if need_lse else None
     n = B * S * H * D
     of = (out.data_ptr() if n else 0, B, S, H, D, S * H * D, H * D, D, 1)
-    lse_ptr = lse.data_ptr() if B * H * S else 0
+    lse_ptr = lse.data_ptr() if need_lse and B * H * S else 0
     if dropout_p > 0:
         rng_state = _draw_rng_state(q.device)
     elif want_rng:
@@ -436,11 +459,15 @@ def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
     if alibi_slopes is not None:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
 
-    p = _new_params("fwd")
-    opts = _options_values(index, softmax_scale, causal, window_left, window_right, softcap, deterministic, backend,
-                           dropout_p)
+    p = _FWD_FROM(_FWD_TEMPLATE or _template("fwd"))
+    # flashattn_options (as _options_values): host paths run on torch's intra-op thread count, like SDPA.
+    opts = (softmax_scale, int(causal), window_left, window_right, softcap, dropout_p, int(deterministic), backend,
+            index, 0 if index >= 0 else torch.get_num_threads())
     fp64_lse = lse_dtype is torch.float64
-    _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kf, *vf, *of, 0 if fp64_lse else lse_ptr), opts)
+    try:
+        _FWD_HEAD.pack_into(p, 0, _FWD_SIZE, dtype_id, *qf, *kf, *vf, *of, 0 if fp64_lse else lse_ptr, *opts)
+    except (OverflowError, struct.error):
+        _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kf, *vf, *of, 0 if fp64_lse else lse_ptr), opts)
     if fp64_lse:
         p.lse_fp64 = lse_ptr
     if varlen:
@@ -449,12 +476,13 @@ def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
         _set_score_mods(p, dropout_p, rng_state, alibi_slopes)
     if index >= 0:
         key = ("fwd", qf[1:], kf[1:], vf[1:], dtype_id, max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
-               opts, _mods_key(dropout_p, alibi_slopes))
-        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, q.device)
-        stream = _raw_stream(index)
+               opts, _NO_MODS if alibi_slopes is None and not dropout_p > 0 else _mods_key(dropout_p, alibi_slopes),
+               need_lse)
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q)
+        stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, stream)
+    status = _lib.load().flashattn_fwd(_byref(p), ws_ptr, ws_bytes, stream)
     del ws  # stream-ordered: the allocator reuses it only after this stream's work
     if status:
         _lib.raise_for_status(status, "fwd")
@@ -754,13 +782,18 @@ def attention_ext(*inputs):
     return _fwd_ext_impl(*inputs)
 
 
-def attention(*inputs):
-    """(out, lse) with autograd: the custom op while torch.compile traces, the direct path in eager."""
+def attention(*inputs, need_lse=True):
+    """(out, lse) with autograd: the custom op while torch.compile traces, the direct path in eager.
+    need_lse False: the caller returns out only; an eager call without autograd then gives lse None (no LSE
+    allocated or computed)."""
     if torch.compiler.is_compiling():
         return torch.ops.flashattn.fwd(*inputs)
     if torch.is_grad_enabled() and (inputs[0].requires_grad or inputs[1].requires_grad or inputs[2].requires_grad):
         return _EagerAttention.apply(*inputs[:5], inputs[5:])
-    return _fwd_impl(*inputs)
+    if need_lse:
+        return _fwd_impl(*inputs)
+    out, lse, _ = _fwd_core(*inputs[:12], 0.0, None, *inputs[12:], False, False)
+    return out, lse
 
 
 # ---- FP8 (E4M3) attention, forward only ------------------------------------------------------------------------
@@ -876,6 +909,8 @@ def fp8_attention(*inputs):
 _KV_CACHE = struct.Struct("@PqiPPP" + "P8q" * 2 + "PPqii")
 assert _KV_CACHE.size == ctypes.sizeof(_lib.KvCache)
 _KV_CACHE_OFFSET = _lib.FwdParams.kv_cache.offset
+_SEQLENS_FIELD = struct.Struct("@P")
+_SEQLENS_OFFSET = _KV_CACHE_OFFSET + _lib.KvCache.seqlens.offset
 _NO_TENSOR = (0,) * 9
 
 # The C fields' names as flash_attn_with_kvcache / flash_attn_varlen_func call them, appended to the library's
@@ -938,7 +973,10 @@ def _cache_abi(name: str, t: torch.Tensor, vec: int, packed: bool):
 
 def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                  causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend):
+                  causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
+                  lse_out=True):
+    """(out, lse) of both KV-cache ops. Without return_lse, lse is an empty tensor (the ops' contract), or None
+    when not lse_out (eager calls, whose caller drops it: no allocation)."""
     varlen = cu_seqlens_q is not None
     paged = block_table is not None
     dtype = q.dtype
@@ -961,7 +999,13 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False)
     cos = None if rotary_cos is None else rotary_cos.contiguous()
     sin = None if rotary_sin is None else rotary_sin.contiguous()
-    cache_seqlens, cache_batch_idx, cache_leftpad = _index(cache_seqlens), _index(cache_batch_idx), _index(cache_leftpad)
+    # The int32 index arrays as the C ABI reads them: contiguous (_index; a no-op for the usual contiguous tensor).
+    if cache_seqlens is not None and not cache_seqlens.is_contiguous():
+        cache_seqlens = cache_seqlens.contiguous()
+    if cache_batch_idx is not None:
+        cache_batch_idx = _index(cache_batch_idx)
+    if cache_leftpad is not None:
+        cache_leftpad = _index(cache_leftpad)
     if paged and block_table.dim() == 2 and block_table.shape[1] > 1 and block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     if alibi_slopes is not None:
@@ -969,38 +1013,51 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
     dtype_id = _DTYPES.get(dtype) or _dtype_id(dtype)
     _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
-    lse_dtype = _lse_dtype(dtype, backend)
+    lse_dtype = torch.float64 if dtype is torch.float64 and backend != _BACKEND_CPU else torch.float32  # _lse_dtype
     if varlen or _POISON:
         device = q.device
         out = _alloc(qp.shape, dtype, device, 0.0 if varlen else None)
         if return_lse:
             lse = _alloc(_lse_shape(q, varlen), lse_dtype, device, float("-inf") if varlen else None)
         else:
-            lse = torch.empty(0, dtype=lse_dtype, device=device)
+            lse = torch.empty(0, dtype=lse_dtype, device=device) if lse_out else None
     else:
         out = qp.new_empty(B, S, H, D)
-        lse = qp.new_empty(B, H, S, dtype=lse_dtype) if return_lse else qp.new_empty(0, dtype=lse_dtype)
+        if return_lse:
+            lse = qp.new_empty(B, H, S, dtype=lse_dtype)
+        else:
+            lse = qp.new_empty(0, dtype=lse_dtype) if lse_out else None
     of = (out.data_ptr() if B * S * H * D else 0, B, S, H, D, S * H * D, H * D, D, 1)
     lse_ptr = lse.data_ptr() if return_lse and B * H * S else 0
     fp64_lse = lse_dtype is torch.float64
 
-    p = _new_params("fwd")
-    opts = _options_values(index, softmax_scale, causal, window_left, window_right, softcap, False, backend)
-    _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kcf, *vcf, *of, 0 if fp64_lse else lse_ptr), opts)
+    p = _FWD_FROM(_FWD_TEMPLATE or _template("fwd"))
+    # flashattn_options (as _options_values): host paths run on torch's intra-op thread count, like SDPA.
+    opts = (softmax_scale, int(causal), window_left, window_right, softcap, 0.0, 0, backend, index,
+            0 if index >= 0 else torch.get_num_threads())
+    try:
+        _FWD_HEAD.pack_into(p, 0, _FWD_SIZE, dtype_id, *qf, *kcf, *vcf, *of, 0 if fp64_lse else lse_ptr, *opts)
+    except (OverflowError, struct.error):
+        _pack_head(_FWD_HEAD, p, (_FWD_SIZE, dtype_id, *qf, *kcf, *vcf, *of, 0 if fp64_lse else lse_ptr), opts)
     if fp64_lse:
         p.lse_fp64 = lse_ptr
     if varlen:
         _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if alibi_slopes is not None:
         _set_score_mods(p, 0.0, None, alibi_slopes)
-    _KV_CACHE.pack_into(
-        p, _KV_CACHE_OFFSET,
-        _ptr(block_table), block_table.stride(0) if paged else 0, block_table.shape[1] if paged else 0,
-        _ptr(cache_seqlens), _ptr(cache_leftpad), _ptr(cache_batch_idx),
-        *knf, *vnf,
-        _ptr(cos), _ptr(sin), cos.shape[0] if cos is not None else 0, 2 * cos.shape[1] if cos is not None else 0,
-        int(bool(rotary_interleaved)) if cos is not None else 0)
-    p.num_splits = num_splits
+    if paged or cache_leftpad is not None or cache_batch_idx is not None or k is not None or cos is not None:
+        _KV_CACHE.pack_into(
+            p, _KV_CACHE_OFFSET,
+            _ptr(block_table), block_table.stride(0) if paged else 0, block_table.shape[1] if paged else 0,
+            _ptr(cache_seqlens), _ptr(cache_leftpad), _ptr(cache_batch_idx),
+            *knf, *vnf,
+            _ptr(cos), _ptr(sin), cos.shape[0] if cos is not None else 0, 2 * cos.shape[1] if cos is not None else 0,
+            int(bool(rotary_interleaved)) if cos is not None else 0)
+    elif cache_seqlens is not None and cache_seqlens.numel():
+        # Only kv_cache.seqlens set (the usual decode step): the template's kv_cache is all zeros.
+        _SEQLENS_FIELD.pack_into(p, _SEQLENS_OFFSET, cache_seqlens.data_ptr())
+    if num_splits:
+        p.num_splits = num_splits  # the template's is 0
     glossary = _GLOSSARY_PAGED if varlen else _GLOSSARY_KVCACHE
     if index >= 0:
         key = ("fwd_kvcache", qf[1:], kcf[1:], vcf[1:], knf[1:], vnf[1:], dtype_id,
@@ -1008,9 +1065,9 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                None if block_table is None else (tuple(block_table.shape), tuple(block_table.stride())),
                max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), cache_seqlens is not None,
                cache_leftpad is not None, cache_batch_idx is not None, bool(rotary_interleaved), num_splits, return_lse,
-               opts, _mods_key(0.0, alibi_slopes))
-        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, q.device, lambda st, what: _raise_kv(st, what, glossary))
-        stream = _raw_stream(index)
+               opts, _NO_MODS if alibi_slopes is None else _mods_key(0.0, alibi_slopes))
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q, glossary=glossary)
+        stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
     status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, stream)
@@ -1175,6 +1232,28 @@ def with_kvcache(append, *inputs):
                 return torch.ops.flashattn.fwd_kvcache_append(*inputs)
             return torch.ops.flashattn.fwd_kvcache(*inputs)
     return (_fwd_kvcache_append_impl if append else _fwd_kvcache_impl)(*inputs)
+
+
+def with_kvcache_out(append, *inputs):
+    """with_kvcache for a caller that drops the LSE unless it asked for it (return_lse): in eager, no empty LSE is
+    allocated then, and lse is None."""
+    if torch.compiler.is_compiling() or inputs[-2]:
+        return with_kvcache(append, *inputs)
+    if append:
+        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+         alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
+         return_lse, backend) = inputs
+        return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
+                             window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
+                             False)
+    (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, cu_seqlens_q,
+     cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, num_splits,
+     return_lse, backend) = inputs
+    return _kvcache_core(q, k_cache, v_cache, None, None, None, None, cache_seqlens, cache_batch_idx, cache_leftpad,
+                         block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, window_left, window_right, softcap, False, num_splits, return_lse,
+                         backend, False)
 
 
 # cache_seqlens given as an int: an int32 [batch] tensor, cached per (value, batch, device, stream) so that a

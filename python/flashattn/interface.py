@@ -46,6 +46,7 @@ _Out = Union[Tensor, Tuple[Tensor, Tensor, Optional[Tensor]]]
 _FP8 = torch.float8_e4m3fn
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_CUDA_DTYPE_SET, _CPU_DTYPE_SET = frozenset(_CUDA_DTYPES), frozenset(_CPU_DTYPES)  # hashed: cheaper than == on each
 
 
 def _int_like(x):
@@ -97,17 +98,27 @@ def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), sam
     kv_ndim (k, v; default packed_ndim), one head dim, GQA-compatible heads, and (same_batch, 4-D) one batch.
     The usual valid call passes one combined test (each attribute read once); anything else goes through
     _check_inputs_slow, which raises the error naming the first failed check."""
-    kv_ndim = packed_ndim if kv_ndim is None else kv_ndim
+    if not _inputs_ok(q, k, v, packed_ndim, packed_ndim if kv_ndim is None else kv_ndim, same_batch):
+        _check_inputs_slow(q, k, v, packed_ndim, kv_ndim, names, same_batch)
+
+
+def _inputs_ok(q, k, v, packed_ndim, kv_ndim, same_batch=True):
+    """True when q, k, v pass every check of _check_inputs (then none is FP8); False otherwise (never raises)."""
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
-        dev, dt = q.device, q.dtype
+        dt = q.dtype
+        if k.dtype != dt or v.dtype != dt:
+            return False
+        if q.is_cuda:
+            dev = q.device
+            if dt not in _CUDA_DTYPE_SET or k.device != dev or v.device != dev:
+                return False
+        elif not (q.is_cpu and k.is_cpu and v.is_cpu and dt in _CPU_DTYPE_SET):  # is_cpu: no torch.device objects
+            return False
         qs, ks = q.shape, k.shape
-        if (k.device == dev and v.device == dev and k.dtype == dt and v.dtype == dt
-                and (dt in _CUDA_DTYPES if q.is_cuda else q.is_cpu and dt in _CPU_DTYPES)
-                and len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
+        return (len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
                 and qs[-1] == ks[-1] and qs[-1] != 0 and qs[-2] != 0 and ks[-2] != 0 and qs[-2] % ks[-2] == 0
-                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0])):
-            return
-    _check_inputs_slow(q, k, v, packed_ndim, kv_ndim, names, same_batch)
+                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0]))
+    return False
 
 
 def _check_inputs_slow(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
@@ -198,6 +209,16 @@ def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
             f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
 
 
+def _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype):
+    """The public functions' FP8 keyword arguments as _Fp8Args, or None when all are at their defaults (the usual
+    call: no object built)."""
+    if (q_scale is None and k_scale is None and v_scale is None and q_descale is None and k_descale is None
+            and v_descale is None and out_dtype is None and type(q_block_size) is int and q_block_size == 128
+            and type(k_block_size) is int and k_block_size == 128):
+        return None
+    return _Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype)
+
+
 class _Fp8Args:
     """The FP8 keyword arguments of the public functions, FA3's *_descale aliases merged in."""
 
@@ -224,6 +245,7 @@ class _Fp8Args:
 
 
 _INT32_MAX = 2**31 - 1
+_AUTO = _lib.BACKEND_AUTO
 
 
 def _check_block_size(name, value):
@@ -342,21 +364,25 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
                 fp8=None):
     """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90.
     fp8: the _Fp8Args of the functions that take them (float8_e4m3fn inputs)."""
-    dropout_p = _ops.check_dropout_p(dropout_p)
-    fp8 = fp8 or _Fp8Args()
-    if any(isinstance(t, torch.Tensor) and t.dtype == _FP8 for t in (q, k, v)):
+    if type(dropout_p) is not float or not 0.0 <= dropout_p < 1.0:  # the usual Python float passes as it is
+        dropout_p = _ops.check_dropout_p(dropout_p)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    # The usual valid q, k, v pass one combined test (which also says none is FP8); anything else takes the
+    # checks below in their order, which raise the error naming the first failed one.
+    plain = _inputs_ok(q, k, v, 3 if varlen else 4, 3 if varlen else 4)
+    if not plain and any(isinstance(t, torch.Tensor) and t.dtype == _FP8 for t in (q, k, v)):
         return _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
-                               block_table, seqused_k, backend, fp8)
-    if fp8.first_given() is not None:
+                               block_table, seqused_k, backend, fp8 or _Fp8Args())
+    if fp8 is not None and fp8.first_given() is not None:
         raise ValueError(f"flashattn: {fp8.first_given()} is for float8_e4m3fn inputs (q is "
                          f"{getattr(q, 'dtype', type(q).__name__)})")
     if block_table is not None or seqused_k is not None:
         return _varlen_kv_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                                 block_table, seqused_k, backend)
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    _check_inputs(q, k, v, 3 if varlen else 4)
+    if not plain:
+        _check_inputs_slow(q, k, v, 3 if varlen else 4)
     if varlen:
         _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
@@ -364,15 +390,20 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     if causal:
         window_right = 0  # as flash_attn: causal is the window's right edge at the diagonal
     softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
-    softcap = _check_softcap(softcap)
-    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    if type(softcap) is not float or softcap != 0.0:
+        softcap = _check_softcap(softcap)
+    if alibi_slopes is not None:
+        alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    backend = _AUTO if backend == "auto" else _lib.backend_id(backend)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
             window_left, window_right, float(softcap))
     if dropout_p > 0 or alibi_slopes is not None:
-        out, lse, rng_state = _ops.attention_ext(*args, dropout_p, alibi_slopes, bool(deterministic),
-                                                 _lib.backend_id(backend))
+        out, lse, rng_state = _ops.attention_ext(*args, dropout_p, alibi_slopes, bool(deterministic), backend)
+    elif return_attn_probs:
+        out, lse = _ops.attention(*args, bool(deterministic), backend)
     else:
-        out, lse = _ops.attention(*args, bool(deterministic), _lib.backend_id(backend))
+        # Only out is returned: without autograd, the call computes no LSE (the C ABI's lse may be NULL).
+        out, lse = _ops.attention(*args, bool(deterministic), backend, need_lse=False)
     if return_attn_probs:
         # As flash_attn: S_dmask only with dropout (None without); here for fixed-length calls only.
         if dropout_p == 0 or varlen:
@@ -489,11 +520,11 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     require grad are refused. CPU tensors run the exact reference (fp64 attention of the dequantized inputs);
     CUDA has no FP8 kernel yet (NotImplementedError). flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
     """
-    return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                       deterministic=deterministic, return_attn_probs=return_attn_probs,
-                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
-                       k_block_size, out_dtype))
+    # Positional: a little cheaper than 13 keywords.
+    return _flash_attn(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                       deterministic, return_attn_probs, None, None, "auto",
+                       _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                                 k_block_size, out_dtype))
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -523,7 +554,7 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
     return _flash_attn(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                        deterministic=deterministic, return_attn_probs=return_attn_probs,
-                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       fp8=_fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
                        k_block_size, out_dtype))
 
 
@@ -559,7 +590,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, deterministic=deterministic,
                        return_attn_probs=return_attn_probs, block_table=block_table, seqused_k=seqused_k,
-                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       fp8=_fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
                        k_block_size, out_dtype))
 
 
@@ -593,7 +624,7 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
                        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
                        alibi_slopes=alibi_slopes, deterministic=deterministic,
                        return_attn_probs=return_attn_probs,
-                       fp8=_Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
+                       fp8=_fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
                        k_block_size, out_dtype))
 
 
@@ -643,14 +674,14 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
     device = q.device
     batch, seqlen_q, _, d = q.shape
-    hk = k_cache.shape[2]
+    kc_shape = k_cache.shape
+    hk = kc_shape[2]
     paged = block_table is not None
     if (k is None) != (v is None):
         raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
                          "give both k and v (the rows to append) or neither")
     seqlen_new = 0
     if k is not None:
-        want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
@@ -658,6 +689,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                 raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
                                  f"{t.device}, {t.dtype}")
             if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
+                want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
                 raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
         if k.shape != v.shape:
             raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
@@ -701,8 +733,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             raise ValueError(f"flashattn: k_cache has page_block_size 0 (shape {tuple(k_cache.shape)})")
         capacity = k_cache.shape[1] * block_table.shape[1]
     else:
-        capacity = k_cache.shape[1]
-        if cache_batch_idx is None and k_cache.shape[0] != batch:
+        capacity = kc_shape[1]
+        if cache_batch_idx is None and kc_shape[0] != batch:
             if k_cache.shape[0] < batch:
                 raise ValueError(f"flashattn: k_cache has {k_cache.shape[0]} batch entries, fewer than q's batch {batch}"
                                  " (pass cache_batch_idx to map sequences to cache entries)")
@@ -715,7 +747,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             raise ValueError("flashattn: cache_seqlens is required with k/v: the new rows are written at rows "
                              "cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1")
     elif isinstance(cache_seqlens, torch.Tensor):
-        _check_index("cache_seqlens", cache_seqlens, device, (batch,), f"(batch,) = ({batch},)")
+        # The usual int32 (batch,) tensor on q's device passes one test; anything else gets the error naming it.
+        if not (cache_seqlens.dtype == torch.int32 and cache_seqlens.dim() == 1 and cache_seqlens.shape[0] == batch
+                and (cache_seqlens.is_cpu if q.is_cpu else cache_seqlens.device == device)):
+            _check_index("cache_seqlens", cache_seqlens, device, (batch,), f"(batch,) = ({batch},)")
     else:
         n = _int_like(cache_seqlens)
         if n is None or n < 0 or n + seqlen_new > capacity:
@@ -723,25 +758,29 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                              f" (the cache holds {capacity} rows per sequence, {seqlen_new} new ones are appended) or "
                              "an int32 tensor (batch,)")
         cache_seqlens = _ops.seqlens_tensor(n, batch, device)
-    splits = _int_like(num_splits)
+    splits = num_splits if type(num_splits) is int else _int_like(num_splits)
     if splits is None or splits < 0:
         raise ValueError(f"flashattn: num_splits={num_splits!r} must be an integer >= 0 (0 = heuristic)")
     window_left, window_right = _check_window(window_size)
     if causal:
         window_right = 0
     softmax_scale = _check_softmax_scale(softmax_scale, d)
-    softcap = _check_softcap(softcap)
-    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
-    common = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes)
-    opts = (float(softmax_scale), bool(causal), window_left, window_right, softcap)
-    backend = _lib.backend_id("auto")
+    if type(softcap) is not float or softcap != 0.0:
+        softcap = _check_softcap(softcap)
+    if alibi_slopes is not None:
+        alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    return_lse = bool(return_softmax_lse)
+    # with_kvcache_out: lse is None (none allocated) unless return_lse.
     if k is not None:
-        out, lse = _ops.with_kvcache(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, *common, *opts,
-                                     bool(rotary_interleaved), splits, bool(return_softmax_lse), backend)
+        out, lse = _ops.with_kvcache_out(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                         cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                                         float(softmax_scale), bool(causal), window_left, window_right, softcap,
+                                         bool(rotary_interleaved), splits, return_lse, _AUTO)
     else:
-        out, lse = _ops.with_kvcache(False, q, k_cache, v_cache, *common, None, None, 0, 0, *opts, splits,
-                                     bool(return_softmax_lse), backend)
-    return (out, lse) if return_softmax_lse else out
+        out, lse = _ops.with_kvcache_out(False, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                         block_table, alibi_slopes, None, None, 0, 0, float(softmax_scale),
+                                         bool(causal), window_left, window_right, softcap, splits, return_lse, _AUTO)
+    return (out, lse) if return_lse else out
 
 
 # ---- private entry points for benchmarks and tests ---------------------------------------------
