@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/flashattn.h"
@@ -134,21 +135,27 @@ void run_gpu_case(const KvCase& kc, uint64_t seed, flashattn_backend backend) {
 
 class GpuKvCache : public ::testing::TestWithParam<flashattn_backend> {};
 
-TEST_P(GpuKvCache, DecodeGridMatchesGatheredOracle) {
-  std::string why;
-  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
-  std::mt19937_64 master(fresh_seed());
+// The GPU grids' options: both 16-bit dtypes, caches up to ~1k rows, windows, softcap, partial rotary.
+KvGrid gpu_grid(std::vector<int> headdims, std::vector<int> cache_lens, int max_group, int capacity_min) {
   KvGrid grid;
   grid.dtypes = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
-  grid.headdims = {128, 80};
-  grid.cache_lens = {0, 1, 7, 113, 799};
-  grid.max_group = 8;
-  grid.capacity_min = 64;
-  grid.capacity_span = 1000;
+  grid.headdims = std::move(headdims);
+  grid.cache_lens = std::move(cache_lens);
+  grid.max_group = max_group;
+  grid.capacity_min = capacity_min;
+  grid.capacity_span = 1064 - capacity_min;
   grid.capacity_256 = 1100;
   grid.window_left = 37;
   grid.softcap = 20.f;
   grid.partial_rotary_dim = 32;
+  return grid;
+}
+
+TEST_P(GpuKvCache, DecodeGridMatchesGatheredOracle) {
+  std::string why;
+  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
+  std::mt19937_64 master(fresh_seed());
+  const KvGrid grid = gpu_grid({128, 80}, {0, 1, 7, 113, 799}, 8, 64);
   for (int trial = 0; trial < 24; ++trial) {
     const KvCase c = random_kv_case(master, grid);
     run_gpu_case(c, master(), GetParam());
@@ -163,17 +170,7 @@ TEST_P(GpuKvCache, PrefillGridMatchesGatheredOracle) {
   std::string why;
   if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
   std::mt19937_64 master(fresh_seed());
-  KvGrid grid;
-  grid.dtypes = {FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
-  grid.headdims = {128, 64, 80};
-  grid.cache_lens = {0, 7, 113, 799};
-  grid.max_group = 4;
-  grid.capacity_min = 200;
-  grid.capacity_span = 800;
-  grid.capacity_256 = 1100;
-  grid.window_left = 37;
-  grid.softcap = 20.f;
-  grid.partial_rotary_dim = 32;
+  const KvGrid grid = gpu_grid({128, 64, 80}, {0, 7, 113, 799}, 4, 200);
   const int rows[] = {65, 100, 130};
   for (int trial = 0; trial < 12; ++trial) {
     KvCase c = random_kv_case(master, grid);
