@@ -140,15 +140,23 @@ def _vec(t: torch.Tensor) -> int:
     return _VEC.get(t.dtype) or _DEVICE_ALIGN // t.element_size()
 
 
-def _abi(t: torch.Tensor, vec: int, varlen: bool):
+def _abi(t: torch.Tensor, vec: int, varlen: bool, shape=None):
     """(t or the copy the C ABI can take (as _usable), and its 9 flashattn_tensor values (as _put writes them)).
-    vec: elements per 16 bytes for CUDA tensors (_vec), 0 for host tensors. Reads shape and strides once."""
-    shape = t.shape
+    vec: elements per 16 bytes for CUDA tensors (_vec), 0 for host tensors. Reads shape and strides once.
+    shape: t.shape when the caller has read it already (then it is not read again)."""
+    if shape is None:
+        shape = t.shape
     st = t.stride()
-    if 0 in shape:
+    if varlen:
+        total, h, d = shape
+        empty = not (total and h and d)  # 0 in shape (without the tuple search)
+    else:
+        b, sq, h, d = shape
+        empty = not (b and sq and h and d)
+    if empty:
         ptr = 0
     else:
-        if st[-1] != 1 and shape[-1] != 1:
+        if st[-1] != 1 and d != 1:
             t = t.contiguous()
             st = t.stride()
             ptr = t.data_ptr()
@@ -159,18 +167,15 @@ def _abi(t: torch.Tensor, vec: int, varlen: bool):
                 if ptr % _DEVICE_ALIGN != 0:
                     # contiguous() would return a contiguous-but-misaligned view itself: copy.
                     t = t.clone(memory_format=torch.contiguous_format)
-                else:
-                    for i in range(len(shape) - 1):
-                        if shape[i] > 1 and st[i] % vec != 0:
-                            t = t.contiguous()
-                            break
+                # A stride of a dim of size > 1 that is no multiple of vec: a contiguous copy.
+                elif ((total > 1 and st[0] % vec or h > 1 and st[1] % vec) if varlen else
+                      (b > 1 and st[0] % vec or sq > 1 and st[1] % vec or h > 1 and st[2] % vec)):
+                    t = t.contiguous()
                 if t is not orig:
                     st = t.stride()
                     ptr = t.data_ptr()
     if varlen:
-        total, h, d = shape
         return t, (ptr, 1, total, h, d, total * st[0], st[0], st[1], 1)
-    b, sq, h, d = shape
     return t, (ptr, b, sq, h, d, st[0], st[1], st[2], 1)
 
 
@@ -205,6 +210,7 @@ _TEMPLATES = {}
 _FWD_TEMPLATE = None  # _TEMPLATES["fwd"], once made: the per-call path copies it without a dict lookup
 _FWD_FROM = _lib.FwdParams.from_buffer_copy
 _byref = ctypes.byref
+_addressof = ctypes.addressof
 
 
 def _template(kind):
@@ -975,16 +981,19 @@ def _cache_layout_error(name: str, t: torch.Tensor):
 def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                   causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
-                  lse_out=True):
+                  lse_out=True, shapes=None):
     """(out, lse) of both KV-cache ops. Without return_lse, lse is an empty tensor (the ops' contract), or None
-    when not lse_out (eager calls, whose caller drops it: no allocation)."""
+    when not lse_out (eager calls, whose caller drops it: no allocation). shapes: (q.shape, k_cache.shape,
+    k.shape or None) as the caller read them, having checked v_cache.shape == k_cache.shape and v.shape == k.shape
+    (flash_attn_with_kvcache): not read again; None: read here."""
     varlen = cu_seqlens_q is not None
     paged = block_table is not None
     dtype = q.dtype
+    qs, kcs, kns = (None, None, None) if shapes is None else shapes
     if q.is_cuda:
         index = q.get_device()
         vec = _vec(q)
-        if q.shape[-1] % vec:
+        if (q.shape if qs is None else qs)[-1] % vec:
             # The other ops pad such head dims (a padded copy); the cache is used in place and cannot be padded.
             raise NotImplementedError(
                 f"flashattn: headdim {q.shape[-1]} with a KV cache on CUDA: the CUDA paths need a head dim that is a "
@@ -992,16 +1001,16 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                 "padded); pad the head dim of q, the cache and k/v yourself (zero columns, and pass softmax_scale)")
     else:
         index, vec = -1, 0
-    qp, qf = _abi(q, vec, varlen)
+    qp, qf = _abi(q, vec, varlen, qs)
     kv_packed = varlen and not paged  # varlen without pages: k/v are packed [total_k, nheads_k, d]
-    u, kcf = _abi(k_cache, vec, kv_packed)
+    u, kcf = _abi(k_cache, vec, kv_packed, kcs)
     if u is not k_cache:
         _cache_layout_error("k_cache", k_cache)
-    u, vcf = _abi(v_cache, vec, kv_packed)
+    u, vcf = _abi(v_cache, vec, kv_packed, kcs)  # (kcs is v_cache's shape too, see shapes)
     if u is not v_cache:
         _cache_layout_error("v_cache", v_cache)
-    kp, knf = (None, _NO_TENSOR) if k is None else _abi(k, vec, False)
-    vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False)
+    kp, knf = (None, _NO_TENSOR) if k is None else _abi(k, vec, False, kns)
+    vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False, kns)
     cos = None if rotary_cos is None else rotary_cos.contiguous()
     sin = None if rotary_sin is None else rotary_sin.contiguous()
     # The int32 index arrays as the C ABI reads them: contiguous (_index; a no-op for the usual contiguous tensor).
@@ -1079,7 +1088,8 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
     lib = _lib._LIB  # loaded by now (the template came from it); load() otherwise
-    status = (lib if lib is not None else _lib.load()).flashattn_fwd(_byref(p), ws_ptr, ws_bytes, stream)
+    # The address as an int: flashattn_fwd takes a void* (_lib), cheaper to convert than a byref's pointer type.
+    status = (lib if lib is not None else _lib.load()).flashattn_fwd(_addressof(p), ws_ptr, ws_bytes, stream)
     del ws
     if status:
         _raise_kv(status, "fwd", glossary)
@@ -1246,21 +1256,22 @@ def with_kvcache(append, *inputs):
 # flash_attn_with_kvcache's eager entries (explicit arguments: no *inputs tuple to build and unpack per call).
 def with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
-                            window_right, softcap, rotary_interleaved, num_splits, return_lse, backend):
+                            window_right, softcap, rotary_interleaved, num_splits, return_lse, backend, shapes=None):
     """with_kvcache(True, ...) for a caller that drops the LSE unless it asked for it (return_lse): in eager, no
-    empty LSE is allocated then, and lse is None."""
+    empty LSE is allocated then, and lse is None. shapes: as _kvcache_core's (the op ignores it)."""
     if return_lse or _is_compiling():
         return with_kvcache(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                             cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
                             window_right, softcap, rotary_interleaved, num_splits, return_lse, backend)
     return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
-                         window_left, window_right, softcap, rotary_interleaved, num_splits, False, backend, False)
+                         window_left, window_right, softcap, rotary_interleaved, num_splits, False, backend, False,
+                         shapes)
 
 
 def with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                           alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                          window_left, window_right, softcap, num_splits, return_lse, backend):
+                          window_left, window_right, softcap, num_splits, return_lse, backend, shapes=None):
     """with_kvcache(False, ...) for a caller that drops the LSE unless it asked for it, as with_kvcache_append_out."""
     if return_lse or _is_compiling():
         return with_kvcache(False, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -1269,7 +1280,7 @@ def with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, c
     return _kvcache_core(q, k_cache, v_cache, None, None, None, None, cache_seqlens, cache_batch_idx, cache_leftpad,
                          block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, window_left, window_right, softcap, False, num_splits, False, backend,
-                         False)
+                         False, shapes)
 
 
 # cache_seqlens given as an int: an int32 [batch] tensor, cached per (value, batch, device, stream) so that a

@@ -714,6 +714,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     on_cpu = q.is_cpu  # the host paths: no torch.device objects on their usual path
     paged = block_table is not None
     seqlen_new = 0
+    new_shape = None  # k.shape (= v.shape) once the combined test has read it
     if k is not None or v is not None:
         # The usual k/v (q's dtype and device, (batch, seqlen_new >= 1, nheads_k, headdim) each) pass one combined
         # test; anything else takes _check_new_kv, which raises the error naming the argument.
@@ -723,6 +724,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             ks = k.shape
             if len(ks) == 4 and v.shape == ks and ks[0] == batch and ks[2] == hk and ks[3] == d and seqlen_q:
                 seqlen_new = ks[1]
+                new_shape = ks
         if not seqlen_new:
             seqlen_new = _check_new_kv(q, k, v, batch, seqlen_q, hk, d)
     if rotary_cos is not None or rotary_sin is not None:
@@ -767,6 +769,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                                  " (pass cache_batch_idx to map sequences to cache entries)")
             # Sequence b uses entry b, as flash_attn: views, so appends land in the caller's cache.
             k_cache, v_cache = k_cache[:batch], v_cache[:batch]
+            kc_shape = k_cache.shape
     if seqlen_new > capacity:
         raise ValueError(f"flashattn: k has {seqlen_new} new rows, more than the cache's {capacity} rows per sequence")
     if cache_seqlens is None:
@@ -804,12 +807,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         out, lse = _ops.with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
                                                 cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
                                                 softmax_scale, bool(causal), window_left, window_right, softcap,
-                                                bool(rotary_interleaved), splits, return_lse, _AUTO)
+                                                bool(rotary_interleaved), splits, return_lse, _AUTO,
+                                                (shapes[0], kc_shape, new_shape))
     else:
         out, lse = _ops.with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
                                               block_table, alibi_slopes, None, None, 0, 0, softmax_scale,
                                               bool(causal), window_left, window_right, softcap, splits, return_lse,
-                                              _AUTO)
+                                              _AUTO, (shapes[0], kc_shape, None))
     return (out, lse) if return_lse else out
 
 
