@@ -103,24 +103,22 @@ def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), sam
 
 
 def _inputs_ok(q, k, v, packed_ndim, kv_ndim, same_batch=True):
-    """(q.shape, k.shape) when q, k, v pass every check of _check_inputs (then none is FP8), so that a caller
-    need not read them again; None otherwise (never raises)."""
+    """True when q, k, v pass every check of _check_inputs (then none is FP8); False otherwise (never raises)."""
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
         dt = q.dtype
         if k.dtype != dt or v.dtype != dt:
-            return None
+            return False
         if q.is_cuda:
             dev = q.device
             if dt not in _CUDA_DTYPE_SET or k.device != dev or v.device != dev:
-                return None
+                return False
         elif not (q.is_cpu and k.is_cpu and v.is_cpu and dt in _CPU_DTYPE_SET):  # is_cpu: no torch.device objects
-            return None
+            return False
         qs, ks = q.shape, k.shape
-        if (len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
+        return (len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
                 and qs[-1] == ks[-1] and qs[-1] != 0 and qs[-2] != 0 and ks[-2] != 0 and qs[-2] % ks[-2] == 0
-                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0])):
-            return qs, ks
-    return None
+                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0]))
+    return False
 
 
 def _check_inputs_slow(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
@@ -639,44 +637,12 @@ def _check_packed(t, name, ndim, dim, n):
         raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
 
 
-def _check_new_kv(q, k, v, batch, seqlen_q, hk, d):
-    """flash_attn_with_kvcache's k/v (the rows to append), checked one by one: seqlen_new, or the error naming the
-    first failed check (the usual valid k/v pass the combined test in flash_attn_with_kvcache instead)."""
-    if (k is None) != (v is None):
-        raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
-                         "give both k and v (the rows to append) or neither")
-    device = q.device
-    for name, t in (("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if t.device != device or t.dtype != q.dtype:
-            raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
-                             f"{t.device}, {t.dtype}")
-        if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
-            want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
-            raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
-                         f"v: {tuple(v.shape)})")
-    seqlen_new = k.shape[1]
-    if seqlen_new == 0:
-        raise ValueError("flashattn: k and v have 0 rows (seqlen_new = 0): pass k=None, v=None to append nothing")
-    if seqlen_q == 0:
-        raise ValueError("flashattn: q has 0 rows (seqlen_q = 0) while k/v are given: the rows are appended by "
-                         "the attention call")
-    return seqlen_new
-
-
-_NO_WINDOW = (-1, -1)  # flash_attn_with_kvcache's default window_size, recognized by identity (no check)
-_INT32 = torch.int32
-
-
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
                             v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
                             rotary_sin: Optional[Tensor] = None, cache_seqlens: Optional[Union[int, Tensor]] = None,
                             cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
                             block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
-                            causal: bool = False, window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
+                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
                             num_splits: int = 0, return_softmax_lse: bool = False
                             ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
@@ -705,30 +671,36 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     CPU tensors run the host paths (fp16/bf16/fp32/fp64); CUDA tensors (fp16/bf16) the sm80 path's KV-cache
     kernel (on Hopper too), with split-KV; see python/README.md.
     """
-    shapes = _inputs_ok(q, k_cache, v_cache, 4, 4, False)  # (q.shape, k_cache.shape): each shape read once
-    if shapes is None:
-        _check_inputs_slow(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
-        shapes = q.shape, k_cache.shape
-    (batch, seqlen_q, _, d), kc_shape = shapes
+    _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
+    device = q.device
+    batch, seqlen_q, _, d = q.shape
+    kc_shape = k_cache.shape
     hk = kc_shape[2]
-    on_cpu = q.is_cpu  # the host paths: no torch.device objects on their usual path
     paged = block_table is not None
+    if (k is None) != (v is None):
+        raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
+                         "give both k and v (the rows to append) or neither")
     seqlen_new = 0
-    new_shape = None  # k.shape (= v.shape) once the combined test has read it
-    if k is not None or v is not None:
-        # The usual k/v (q's dtype and device, (batch, seqlen_new >= 1, nheads_k, headdim) each) pass one combined
-        # test; anything else takes _check_new_kv, which raises the error naming the argument.
-        dt = q.dtype
-        if (isinstance(k, Tensor) and isinstance(v, Tensor) and k.dtype is dt and v.dtype is dt
-                and (k.is_cpu and v.is_cpu if on_cpu else k.device == q.device == v.device)):
-            ks = k.shape
-            if len(ks) == 4 and v.shape == ks and ks[0] == batch and ks[2] == hk and ks[3] == d and seqlen_q:
-                seqlen_new = ks[1]
-                new_shape = ks
-        if not seqlen_new:
-            seqlen_new = _check_new_kv(q, k, v, batch, seqlen_q, hk, d)
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+            if t.device != device or t.dtype != q.dtype:
+                raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
+                                 f"{t.device}, {t.dtype}")
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
+                want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
+                raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+        if k.shape != v.shape:
+            raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
+                             f"v: {tuple(v.shape)})")
+        seqlen_new = k.shape[1]
+        if seqlen_new == 0:
+            raise ValueError("flashattn: k and v have 0 rows (seqlen_new = 0): pass k=None, v=None to append nothing")
+        if seqlen_q == 0:
+            raise ValueError("flashattn: q has 0 rows (seqlen_q = 0) while k/v are given: the rows are appended by "
+                             "the attention call")
     if rotary_cos is not None or rotary_sin is not None:
-        device = q.device
         if rotary_cos is None or rotary_sin is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin: give both or neither")
         if k is None:
@@ -750,12 +722,11 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         if paged:
             raise ValueError("flashattn: cache_batch_idx is not supported with block_table (the block table already "
                              "maps each sequence to its pages)")
-        _check_index("cache_batch_idx", cache_batch_idx, q.device, (batch,), f"(batch,) = ({batch},)")
+        _check_index("cache_batch_idx", cache_batch_idx, device, (batch,), f"(batch,) = ({batch},)")
     if cache_leftpad is not None:
-        _check_index("cache_leftpad", cache_leftpad, q.device, (batch,), f"(batch,) = ({batch},)")
+        _check_index("cache_leftpad", cache_leftpad, device, (batch,), f"(batch,) = ({batch},)")
     if paged:
-        _check_index("block_table", block_table, q.device, (batch, None),
-                     f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
+        _check_index("block_table", block_table, device, (batch, None), f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
         if block_table.shape[1] == 0:
             raise ValueError("flashattn: block_table has 0 columns (each sequence needs at least one page)")
         if k_cache.shape[1] == 0:
@@ -769,7 +740,6 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                                  " (pass cache_batch_idx to map sequences to cache entries)")
             # Sequence b uses entry b, as flash_attn: views, so appends land in the caller's cache.
             k_cache, v_cache = k_cache[:batch], v_cache[:batch]
-            kc_shape = k_cache.shape
     if seqlen_new > capacity:
         raise ValueError(f"flashattn: k has {seqlen_new} new rows, more than the cache's {capacity} rows per sequence")
     if cache_seqlens is None:
@@ -778,42 +748,38 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                              "cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1")
     elif isinstance(cache_seqlens, torch.Tensor):
         # The usual int32 (batch,) tensor on q's device passes one test; anything else gets the error naming it.
-        if not (cache_seqlens.dtype is _INT32 and cache_seqlens.shape == (batch,)
-                and (cache_seqlens.is_cpu if on_cpu else cache_seqlens.device == q.device)):
-            _check_index("cache_seqlens", cache_seqlens, q.device, (batch,), f"(batch,) = ({batch},)")
+        if not (cache_seqlens.dtype == torch.int32 and cache_seqlens.dim() == 1 and cache_seqlens.shape[0] == batch
+                and (cache_seqlens.is_cpu if q.is_cpu else cache_seqlens.device == device)):
+            _check_index("cache_seqlens", cache_seqlens, device, (batch,), f"(batch,) = ({batch},)")
     else:
         n = _int_like(cache_seqlens)
         if n is None or n < 0 or n + seqlen_new > capacity:
             raise ValueError(f"flashattn: cache_seqlens={cache_seqlens!r} must be an int in [0, {capacity - seqlen_new}]"
                              f" (the cache holds {capacity} rows per sequence, {seqlen_new} new ones are appended) or "
                              "an int32 tensor (batch,)")
-        cache_seqlens = _ops.seqlens_tensor(n, batch, q.device)
+        cache_seqlens = _ops.seqlens_tensor(n, batch, device)
     splits = num_splits if type(num_splits) is int else _int_like(num_splits)
     if splits is None or splits < 0:
         raise ValueError(f"flashattn: num_splits={num_splits!r} must be an integer >= 0 (0 = heuristic)")
-    # The default window_size (this very tuple) needs no check.
-    window_left, window_right = (-1, -1) if window_size is _NO_WINDOW else _check_window(window_size)
+    window_left, window_right = _check_window(window_size)
     if causal:
         window_right = 0
-    # A float either way (_check_softmax_scale's default for None, inline).
-    softmax_scale = d ** (-0.5) if softmax_scale is None else _check_softmax_scale(softmax_scale, d)
+    softmax_scale = _check_softmax_scale(softmax_scale, d)
     if type(softcap) is not float or softcap != 0.0:
         softcap = _check_softcap(softcap)
     if alibi_slopes is not None:
         alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
     return_lse = bool(return_softmax_lse)
-    # with_kvcache_*_out: lse is None (none allocated) unless return_lse.
+    # with_kvcache_out: lse is None (none allocated) unless return_lse.
     if k is not None:
-        out, lse = _ops.with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                                cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                                                softmax_scale, bool(causal), window_left, window_right, softcap,
-                                                bool(rotary_interleaved), splits, return_lse, _AUTO,
-                                                (shapes[0], kc_shape, new_shape))
+        out, lse = _ops.with_kvcache_out(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                         cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                                         float(softmax_scale), bool(causal), window_left, window_right, softcap,
+                                         bool(rotary_interleaved), splits, return_lse, _AUTO)
     else:
-        out, lse = _ops.with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                              block_table, alibi_slopes, None, None, 0, 0, softmax_scale,
-                                              bool(causal), window_left, window_right, softcap, splits, return_lse,
-                                              _AUTO, (shapes[0], kc_shape, None))
+        out, lse = _ops.with_kvcache_out(False, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                         block_table, alibi_slopes, None, None, 0, 0, float(softmax_scale),
+                                         bool(causal), window_left, window_right, softcap, splits, return_lse, _AUTO)
     return (out, lse) if return_lse else out
 
 
