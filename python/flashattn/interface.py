@@ -193,6 +193,21 @@ def _check_softcap(softcap):
     return float(softcap)
 
 
+def _score_options(window_size, causal, softmax_scale, softcap, alibi_slopes, q, headdim, batch):
+    """The options every entry point shares, checked and normalised: (window_left, window_right,
+    softmax_scale, softcap, alibi_slopes). causal is the window's right edge at the diagonal, as in
+    flash_attn. The usual call (no softcap, no ALiBi) skips their checks."""
+    window_left, window_right = _check_window(window_size)
+    if causal:
+        window_right = 0
+    softmax_scale = _check_softmax_scale(softmax_scale, headdim)
+    if type(softcap) is not float or softcap != 0.0:
+        softcap = _check_softcap(softcap)
+    if alibi_slopes is not None:
+        alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    return window_left, window_right, softmax_scale, softcap, alibi_slopes
+
+
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
@@ -344,12 +359,8 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                                            q.device, heads_q=hq)
     (k_scale, v_scale), k_block = _fp8_scale_views(("k_scale", "v_scale"), scales[1:], batch, hk, seqlen_k, k_block,
                                                    "k_block_size", q.device)
-    window_left, window_right = _check_window(window_size)
-    if causal:
-        window_right = 0
-    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
-    softcap = _check_softcap(softcap)
-    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
+        window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1], batch)
     out, lse = _ops.fp8_attention(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, q_block, k_block, float(softmax_scale), bool(causal), window_left,
                                   window_right, float(softcap), alibi_slopes, out_dtype, _lib.backend_id(backend))
@@ -386,14 +397,9 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     if varlen:
         _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-    window_left, window_right = _check_window(window_size)
-    if causal:
-        window_right = 0  # as flash_attn: causal is the window's right edge at the diagonal
-    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
-    if type(softcap) is not float or softcap != 0.0:
-        softcap = _check_softcap(softcap)
-    if alibi_slopes is not None:
-        alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
+        window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1],
+        cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
     backend = _AUTO if backend == "auto" else _lib.backend_id(backend)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
             window_left, window_right, float(softcap))
@@ -434,12 +440,8 @@ def _varlen_kv_cache(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             raise ValueError("flashattn: block_table has 0 columns (each sequence needs at least one page)")
     if seqused_k is not None:
         _check_index("seqused_k", seqused_k, q.device, (batch,), f"(batch,) = ({batch},)")
-    window_left, window_right = _check_window(window_size)
-    if causal:
-        window_right = 0
-    softmax_scale = _check_softmax_scale(softmax_scale, q.shape[-1])
-    softcap = _check_softcap(softcap)
-    alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
+        window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1], batch)
     out, lse = _ops.kvcache_attention(q, k, v, seqused_k, None, None, block_table, alibi_slopes, cu_seqlens_q,
                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, float(softmax_scale), bool(causal),
                                       window_left, window_right, softcap, 0, bool(return_attn_probs),
@@ -761,14 +763,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     splits = num_splits if type(num_splits) is int else _int_like(num_splits)
     if splits is None or splits < 0:
         raise ValueError(f"flashattn: num_splits={num_splits!r} must be an integer >= 0 (0 = heuristic)")
-    window_left, window_right = _check_window(window_size)
-    if causal:
-        window_right = 0
-    softmax_scale = _check_softmax_scale(softmax_scale, d)
-    if type(softcap) is not float or softcap != 0.0:
-        softcap = _check_softcap(softcap)
-    if alibi_slopes is not None:
-        alibi_slopes = _ops.check_alibi_slopes(alibi_slopes, q, batch)
+    window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
+        window_size, causal, softmax_scale, softcap, alibi_slopes, q, d, batch)
     return_lse = bool(return_softmax_lse)
     # with_kvcache_out: lse is None (none allocated) unless return_lse.
     if k is not None:
