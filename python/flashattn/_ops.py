@@ -140,15 +140,23 @@ def _vec(t: torch.Tensor) -> int:
     return _VEC.get(t.dtype) or _DEVICE_ALIGN // t.element_size()
 
 
-def _abi(t: torch.Tensor, vec: int, varlen: bool):
+def _abi(t: torch.Tensor, vec: int, varlen: bool, shape=None):
     """(t or the copy the C ABI can take (as _usable), and its 9 flashattn_tensor values (as _put writes them)).
-    vec: elements per 16 bytes for CUDA tensors (_vec), 0 for host tensors. Reads shape and strides once."""
-    shape = t.shape
+    vec: elements per 16 bytes for CUDA tensors (_vec), 0 for host tensors. Reads shape and strides once.
+    shape: t.shape when the caller has read it already (then it is not read again)."""
+    if shape is None:
+        shape = t.shape
     st = t.stride()
-    if 0 in shape:
+    if varlen:
+        total, h, d = shape
+        empty = not (total and h and d)  # 0 in shape (without the tuple search)
+    else:
+        b, sq, h, d = shape
+        empty = not (b and sq and h and d)
+    if empty:
         ptr = 0
     else:
-        if st[-1] != 1 and shape[-1] != 1:
+        if st[-1] != 1 and d != 1:
             t = t.contiguous()
             st = t.stride()
             ptr = t.data_ptr()
@@ -159,18 +167,15 @@ def _abi(t: torch.Tensor, vec: int, varlen: bool):
                 if ptr % _DEVICE_ALIGN != 0:
                     # contiguous() would return a contiguous-but-misaligned view itself: copy.
                     t = t.clone(memory_format=torch.contiguous_format)
-                else:
-                    for i in range(len(shape) - 1):
-                        if shape[i] > 1 and st[i] % vec != 0:
-                            t = t.contiguous()
-                            break
+                # A stride of a dim of size > 1 that is no multiple of vec: a contiguous copy.
+                elif ((total > 1 and st[0] % vec or h > 1 and st[1] % vec) if varlen else
+                      (b > 1 and st[0] % vec or sq > 1 and st[1] % vec or h > 1 and st[2] % vec)):
+                    t = t.contiguous()
                 if t is not orig:
                     st = t.stride()
                     ptr = t.data_ptr()
     if varlen:
-        total, h, d = shape
         return t, (ptr, 1, total, h, d, total * st[0], st[0], st[1], 1)
-    b, sq, h, d = shape
     return t, (ptr, b, sq, h, d, st[0], st[1], st[2], 1)
 
 
@@ -197,10 +202,15 @@ def _pack_head(packer, p, values, options):
          o.device, o.num_threads) = options
 
 
+# Bound once: the per-call paths skip the module attribute lookups (dynamo knows the functions, not their names).
+_is_compiling = torch.compiler.is_compiling
+_get_num_threads = torch.get_num_threads
+
 _TEMPLATES = {}
 _FWD_TEMPLATE = None  # _TEMPLATES["fwd"], once made: the per-call path copies it without a dict lookup
 _FWD_FROM = _lib.FwdParams.from_buffer_copy
 _byref = ctypes.byref
+_addressof = ctypes.addressof
 
 
 def _template(kind):
@@ -960,30 +970,30 @@ def _index(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return t.contiguous()
 
 
-def _cache_abi(name: str, t: torch.Tensor, vec: int, packed: bool):
-    """_abi of the cache itself: never copied (appends write into it, and a copy of a large cache per call is no
-    option), so a layout the ABI cannot take is an error."""
-    u, fields = _abi(t, vec, packed)
-    if u is not t:
-        need = "16-byte aligned data and strides (CUDA)" if t.device.type == "cuda" else "a contiguous last dim"
-        raise ValueError(f"flashattn: {name} needs {need} (got strides {tuple(t.stride())}); it is used in place, "
-                         "never copied")
-    return fields
+def _cache_layout_error(name: str, t: torch.Tensor):
+    """The cache itself is never copied (appends write into it, and a copy of a large cache per call is no
+    option), so a layout the ABI cannot take (_abi would copy it) is an error."""
+    need = "16-byte aligned data and strides (CUDA)" if t.device.type == "cuda" else "a contiguous last dim"
+    raise ValueError(f"flashattn: {name} needs {need} (got strides {tuple(t.stride())}); it is used in place, "
+                     "never copied")
 
 
 def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                   causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
-                  lse_out=True):
+                  lse_out=True, shapes=None):
     """(out, lse) of both KV-cache ops. Without return_lse, lse is an empty tensor (the ops' contract), or None
-    when not lse_out (eager calls, whose caller drops it: no allocation)."""
+    when not lse_out (eager calls, whose caller drops it: no allocation). shapes: (q.shape, k_cache.shape,
+    k.shape or None) as the caller read them, having checked v_cache.shape == k_cache.shape and v.shape == k.shape
+    (flash_attn_with_kvcache): not read again; None: read here."""
     varlen = cu_seqlens_q is not None
     paged = block_table is not None
     dtype = q.dtype
+    qs, kcs, kns = (None, None, None) if shapes is None else shapes
     if q.is_cuda:
         index = q.get_device()
         vec = _vec(q)
-        if q.shape[-1] % vec:
+        if (q.shape if qs is None else qs)[-1] % vec:
             # The other ops pad such head dims (a padded copy); the cache is used in place and cannot be padded.
             raise NotImplementedError(
                 f"flashattn: headdim {q.shape[-1]} with a KV cache on CUDA: the CUDA paths need a head dim that is a "
@@ -991,12 +1001,16 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                 "padded); pad the head dim of q, the cache and k/v yourself (zero columns, and pass softmax_scale)")
     else:
         index, vec = -1, 0
-    qp, qf = _abi(q, vec, varlen)
+    qp, qf = _abi(q, vec, varlen, qs)
     kv_packed = varlen and not paged  # varlen without pages: k/v are packed [total_k, nheads_k, d]
-    kcf = _cache_abi("k_cache", k_cache, vec, kv_packed)
-    vcf = _cache_abi("v_cache", v_cache, vec, kv_packed)
-    kp, knf = (None, _NO_TENSOR) if k is None else _abi(k, vec, False)
-    vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False)
+    u, kcf = _abi(k_cache, vec, kv_packed, kcs)
+    if u is not k_cache:
+        _cache_layout_error("k_cache", k_cache)
+    u, vcf = _abi(v_cache, vec, kv_packed, kcs)  # (kcs is v_cache's shape too, see shapes)
+    if u is not v_cache:
+        _cache_layout_error("v_cache", v_cache)
+    kp, knf = (None, _NO_TENSOR) if k is None else _abi(k, vec, False, kns)
+    vp, vnf = (None, _NO_TENSOR) if v is None else _abi(v, vec, False, kns)
     cos = None if rotary_cos is None else rotary_cos.contiguous()
     sin = None if rotary_sin is None else rotary_sin.contiguous()
     # The int32 index arrays as the C ABI reads them: contiguous (_index; a no-op for the usual contiguous tensor).
@@ -1034,7 +1048,7 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     p = _FWD_FROM(_FWD_TEMPLATE or _template("fwd"))
     # flashattn_options (as _options_values): host paths run on torch's intra-op thread count, like SDPA.
     opts = (softmax_scale, int(causal), window_left, window_right, softcap, 0.0, 0, backend, index,
-            0 if index >= 0 else torch.get_num_threads())
+            0 if index >= 0 else _get_num_threads())
     try:
         _FWD_HEAD.pack_into(p, 0, _FWD_SIZE, dtype_id, *qf, *kcf, *vcf, *of, 0 if fp64_lse else lse_ptr, *opts)
     except (OverflowError, struct.error):
@@ -1046,13 +1060,16 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     if alibi_slopes is not None:
         _set_score_mods(p, 0.0, None, alibi_slopes)
     if paged or cache_leftpad is not None or cache_batch_idx is not None or k is not None or cos is not None:
+        # (_ptr of each, inline: the usual append leaves all but cache_seqlens None)
         _KV_CACHE.pack_into(
             p, _KV_CACHE_OFFSET,
-            _ptr(block_table), block_table.stride(0) if paged else 0, block_table.shape[1] if paged else 0,
-            _ptr(cache_seqlens), _ptr(cache_leftpad), _ptr(cache_batch_idx),
+            0 if block_table is None else _ptr(block_table), block_table.stride(0) if paged else 0,
+            block_table.shape[1] if paged else 0,
+            cache_seqlens.data_ptr() if cache_seqlens is not None and cache_seqlens.numel() else 0,
+            0 if cache_leftpad is None else _ptr(cache_leftpad), 0 if cache_batch_idx is None else _ptr(cache_batch_idx),
             *knf, *vnf,
-            _ptr(cos), _ptr(sin), cos.shape[0] if cos is not None else 0, 2 * cos.shape[1] if cos is not None else 0,
-            int(bool(rotary_interleaved)) if cos is not None else 0)
+            *((0, 0, 0, 0, 0) if cos is None else
+              (_ptr(cos), _ptr(sin), cos.shape[0], 2 * cos.shape[1], int(bool(rotary_interleaved)))))
     elif cache_seqlens is not None and cache_seqlens.numel():
         # Only kv_cache.seqlens set (the usual decode step): the template's kv_cache is all zeros.
         _SEQLENS_FIELD.pack_into(p, _SEQLENS_OFFSET, cache_seqlens.data_ptr())
@@ -1070,7 +1087,9 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, stream)
+    lib = _lib._LIB  # loaded by now (the template came from it); load() otherwise
+    # The address as an int: flashattn_fwd takes a void* (_lib), cheaper to convert than a byref's pointer type.
+    status = (lib if lib is not None else _lib.load()).flashattn_fwd(_addressof(p), ws_ptr, ws_bytes, stream)
     del ws
     if status:
         _raise_kv(status, "fwd", glossary)
@@ -1234,26 +1253,34 @@ def with_kvcache(append, *inputs):
     return (_fwd_kvcache_append_impl if append else _fwd_kvcache_impl)(*inputs)
 
 
-def with_kvcache_out(append, *inputs):
-    """with_kvcache for a caller that drops the LSE unless it asked for it (return_lse): in eager, no empty LSE is
-    allocated then, and lse is None."""
-    if torch.compiler.is_compiling() or inputs[-2]:
-        return with_kvcache(append, *inputs)
-    if append:
-        (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-         alibi_slopes, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved, num_splits,
-         return_lse, backend) = inputs
-        return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                             cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
-                             window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
-                             False)
-    (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, alibi_slopes, cu_seqlens_q,
-     cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, num_splits,
-     return_lse, backend) = inputs
+# flash_attn_with_kvcache's eager entries (explicit arguments: no *inputs tuple to build and unpack per call).
+def with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits, return_lse, backend, shapes=None):
+    """with_kvcache(True, ...) for a caller that drops the LSE unless it asked for it (return_lse): in eager, no
+    empty LSE is allocated then, and lse is None. shapes: as _kvcache_core's (the op ignores it)."""
+    if return_lse or _is_compiling():
+        return with_kvcache(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                            cache_leftpad, block_table, alibi_slopes, softmax_scale, causal, window_left,
+                            window_right, softcap, rotary_interleaved, num_splits, return_lse, backend)
+    return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
+                         window_left, window_right, softcap, rotary_interleaved, num_splits, False, backend, False,
+                         shapes)
+
+
+def with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                          alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          window_left, window_right, softcap, num_splits, return_lse, backend, shapes=None):
+    """with_kvcache(False, ...) for a caller that drops the LSE unless it asked for it, as with_kvcache_append_out."""
+    if return_lse or _is_compiling():
+        return with_kvcache(False, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                            alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                            causal, window_left, window_right, softcap, num_splits, return_lse, backend)
     return _kvcache_core(q, k_cache, v_cache, None, None, None, None, cache_seqlens, cache_batch_idx, cache_leftpad,
                          block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale, causal, window_left, window_right, softcap, False, num_splits, return_lse,
-                         backend, False)
+                         softmax_scale, causal, window_left, window_right, softcap, False, num_splits, False, backend,
+                         False, shapes)
 
 
 # cache_seqlens given as an int: an int32 [batch] tensor, cached per (value, batch, device, stream) so that a

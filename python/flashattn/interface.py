@@ -61,6 +61,9 @@ def _int_like(x):
         return None
 
 
+_NO_WINDOW = (-1, -1)  # every entry point's default window_size, recognized by identity (no check)
+
+
 def _check_window(window_size):
     """window_size as flash_attn takes it: any pair of int-likes (tuple, list, torch or numpy)."""
     if type(window_size) is tuple and len(window_size) == 2:  # the usual (left, right) of Python ints: no copies
@@ -103,22 +106,24 @@ def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), sam
 
 
 def _inputs_ok(q, k, v, packed_ndim, kv_ndim, same_batch=True):
-    """True when q, k, v pass every check of _check_inputs (then none is FP8); False otherwise (never raises)."""
+    """(q.shape, k.shape) when q, k, v pass every check of _check_inputs (then none is FP8), so that a caller
+    need not read them again; None otherwise (never raises)."""
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
         dt = q.dtype
         if k.dtype != dt or v.dtype != dt:
-            return False
+            return None
         if q.is_cuda:
             dev = q.device
             if dt not in _CUDA_DTYPE_SET or k.device != dev or v.device != dev:
-                return False
+                return None
         elif not (q.is_cpu and k.is_cpu and v.is_cpu and dt in _CPU_DTYPE_SET):  # is_cpu: no torch.device objects
-            return False
+            return None
         qs, ks = q.shape, k.shape
-        return (len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
+        if (len(qs) == packed_ndim and len(ks) == kv_ndim and v.shape == ks
                 and qs[-1] == ks[-1] and qs[-1] != 0 and qs[-2] != 0 and ks[-2] != 0 and qs[-2] % ks[-2] == 0
-                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0]))
-    return False
+                and not (same_batch and packed_ndim == 4 and qs[0] != ks[0])):
+            return qs, ks
+    return None
 
 
 def _check_inputs_slow(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), same_batch=True):
@@ -197,10 +202,12 @@ def _score_options(window_size, causal, softmax_scale, softcap, alibi_slopes, q,
     """The options every entry point shares, checked and normalised: (window_left, window_right,
     softmax_scale, softcap, alibi_slopes). causal is the window's right edge at the diagonal, as in
     flash_attn. The usual call (no softcap, no ALiBi) skips their checks."""
-    window_left, window_right = _check_window(window_size)
+    # The default window_size (the very tuple _NO_WINDOW) needs no check.
+    window_left, window_right = (-1, -1) if window_size is _NO_WINDOW else _check_window(window_size)
     if causal:
         window_right = 0
-    softmax_scale = _check_softmax_scale(softmax_scale, headdim)
+    # A float either way (_check_softmax_scale's default for None, inline).
+    softmax_scale = headdim ** (-0.5) if softmax_scale is None else _check_softmax_scale(softmax_scale, headdim)
     if type(softcap) is not float or softcap != 0.0:
         softcap = _check_softcap(softcap)
     if alibi_slopes is not None:
@@ -370,7 +377,7 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 
 def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
-                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                softmax_scale=None, causal=False, window_size=_NO_WINDOW, softcap=0.0, alibi_slopes=None,
                 deterministic=False, return_attn_probs=False, block_table=None, seqused_k=None, backend="auto",
                 fp8=None):
     """The one entry behind every public function. `backend` (private): auto, cpu, reference, sm80, sm90.
@@ -484,7 +491,7 @@ def _attn_probs(q, k, lse, rng_state, softmax_scale, window_left, window_right, 
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
-                    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    causal: bool = False, window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
                     v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
@@ -530,7 +537,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
-                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              causal: bool = False, window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                               alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                               return_attn_probs: bool = False) -> _Out:
     """qkv: (batch, seqlen, 3, nheads, headdim). Arguments (dropout_p, alibi_slopes, ...) and returns as
@@ -543,7 +550,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
-                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             causal: bool = False, window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
                              v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
@@ -563,7 +570,7 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                            alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None,
                            seqused_k: Optional[Tensor] = None, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
@@ -598,7 +605,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
 
 def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
                                      softmax_scale: Optional[float] = None, causal: bool = False,
-                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                     window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                                      alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                                      return_attn_probs: bool = False) -> _Out:
     """qkv: (total, 3, nheads, headdim); cu_seqlens: int32 (batch + 1,). As flash_attn_varlen_func."""
@@ -613,7 +620,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen
 def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                                     max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                                     softmax_scale: Optional[float] = None, causal: bool = False,
-                                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                    window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                                     return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
                                     v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
@@ -639,12 +646,43 @@ def _check_packed(t, name, ndim, dim, n):
         raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
 
 
+def _check_new_kv(q, k, v, batch, seqlen_q, hk, d):
+    """flash_attn_with_kvcache's k/v (the rows to append), checked one by one: seqlen_new, or the error naming the
+    first failed check (the usual valid k/v pass the combined test in flash_attn_with_kvcache instead)."""
+    if (k is None) != (v is None):
+        raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
+                         "give both k and v (the rows to append) or neither")
+    device = q.device
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if t.device != device or t.dtype != q.dtype:
+            raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
+                             f"{t.device}, {t.dtype}")
+        if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
+            want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
+            raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
+                         f"v: {tuple(v.shape)})")
+    seqlen_new = k.shape[1]
+    if seqlen_new == 0:
+        raise ValueError("flashattn: k and v have 0 rows (seqlen_new = 0): pass k=None, v=None to append nothing")
+    if seqlen_q == 0:
+        raise ValueError("flashattn: q has 0 rows (seqlen_q = 0) while k/v are given: the rows are appended by "
+                         "the attention call")
+    return seqlen_new
+
+
+_INT32 = torch.int32
+
+
 def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
                             v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
                             rotary_sin: Optional[Tensor] = None, cache_seqlens: Optional[Union[int, Tensor]] = None,
                             cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
                             block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
-                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            causal: bool = False, window_size: Tuple[int, int] = _NO_WINDOW, softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
                             num_splits: int = 0, return_softmax_lse: bool = False
                             ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
@@ -673,36 +711,30 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
     CPU tensors run the host paths (fp16/bf16/fp32/fp64); CUDA tensors (fp16/bf16) the sm80 path's KV-cache
     kernel (on Hopper too), with split-KV; see python/README.md.
     """
-    _check_inputs(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
-    device = q.device
-    batch, seqlen_q, _, d = q.shape
-    kc_shape = k_cache.shape
+    shapes = _inputs_ok(q, k_cache, v_cache, 4, 4, False)  # (q.shape, k_cache.shape): each shape read once
+    if shapes is None:
+        _check_inputs_slow(q, k_cache, v_cache, 4, names=("q", "k_cache", "v_cache"), same_batch=False)
+        shapes = q.shape, k_cache.shape
+    (batch, seqlen_q, _, d), kc_shape = shapes
     hk = kc_shape[2]
+    on_cpu = q.is_cpu  # the host paths: no torch.device objects on their usual path
     paged = block_table is not None
-    if (k is None) != (v is None):
-        raise ValueError(f"flashattn: {'k' if v is None else 'v'} is given without {'v' if v is None else 'k'}: "
-                         "give both k and v (the rows to append) or neither")
     seqlen_new = 0
-    if k is not None:
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"flashattn: {name} must be a torch.Tensor or None, got {type(t).__name__}")
-            if t.device != device or t.dtype != q.dtype:
-                raise ValueError(f"flashattn: {name} must be on q's device with q's dtype ({device}, {q.dtype}), got "
-                                 f"{t.device}, {t.dtype}")
-            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hk or t.shape[3] != d:
-                want = f"(batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, {hk}, {d})"
-                raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
-        if k.shape != v.shape:
-            raise ValueError(f"flashattn: k and v must have the same shape (got k: {tuple(k.shape)}, "
-                             f"v: {tuple(v.shape)})")
-        seqlen_new = k.shape[1]
-        if seqlen_new == 0:
-            raise ValueError("flashattn: k and v have 0 rows (seqlen_new = 0): pass k=None, v=None to append nothing")
-        if seqlen_q == 0:
-            raise ValueError("flashattn: q has 0 rows (seqlen_q = 0) while k/v are given: the rows are appended by "
-                             "the attention call")
+    new_shape = None  # k.shape (= v.shape) once the combined test has read it
+    if k is not None or v is not None:
+        # The usual k/v (q's dtype and device, (batch, seqlen_new >= 1, nheads_k, headdim) each) pass one combined
+        # test; anything else takes _check_new_kv, which raises the error naming the argument.
+        dt = q.dtype
+        if (isinstance(k, Tensor) and isinstance(v, Tensor) and k.dtype is dt and v.dtype is dt
+                and (k.is_cpu and v.is_cpu if on_cpu else k.device == q.device == v.device)):
+            ks = k.shape
+            if len(ks) == 4 and v.shape == ks and ks[0] == batch and ks[2] == hk and ks[3] == d and seqlen_q:
+                seqlen_new = ks[1]
+                new_shape = ks
+        if not seqlen_new:
+            seqlen_new = _check_new_kv(q, k, v, batch, seqlen_q, hk, d)
     if rotary_cos is not None or rotary_sin is not None:
+        device = q.device
         if rotary_cos is None or rotary_sin is None:
             raise ValueError("flashattn: rotary_cos and rotary_sin: give both or neither")
         if k is None:
@@ -724,11 +756,12 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         if paged:
             raise ValueError("flashattn: cache_batch_idx is not supported with block_table (the block table already "
                              "maps each sequence to its pages)")
-        _check_index("cache_batch_idx", cache_batch_idx, device, (batch,), f"(batch,) = ({batch},)")
+        _check_index("cache_batch_idx", cache_batch_idx, q.device, (batch,), f"(batch,) = ({batch},)")
     if cache_leftpad is not None:
-        _check_index("cache_leftpad", cache_leftpad, device, (batch,), f"(batch,) = ({batch},)")
+        _check_index("cache_leftpad", cache_leftpad, q.device, (batch,), f"(batch,) = ({batch},)")
     if paged:
-        _check_index("block_table", block_table, device, (batch, None), f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
+        _check_index("block_table", block_table, q.device, (batch, None),
+                     f"(batch, max_num_blocks_per_seq) = ({batch}, n)")
         if block_table.shape[1] == 0:
             raise ValueError("flashattn: block_table has 0 columns (each sequence needs at least one page)")
         if k_cache.shape[1] == 0:
@@ -742,6 +775,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                                  " (pass cache_batch_idx to map sequences to cache entries)")
             # Sequence b uses entry b, as flash_attn: views, so appends land in the caller's cache.
             k_cache, v_cache = k_cache[:batch], v_cache[:batch]
+            kc_shape = k_cache.shape
     if seqlen_new > capacity:
         raise ValueError(f"flashattn: k has {seqlen_new} new rows, more than the cache's {capacity} rows per sequence")
     if cache_seqlens is None:
@@ -750,32 +784,34 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                              "cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1")
     elif isinstance(cache_seqlens, torch.Tensor):
         # The usual int32 (batch,) tensor on q's device passes one test; anything else gets the error naming it.
-        if not (cache_seqlens.dtype == torch.int32 and cache_seqlens.dim() == 1 and cache_seqlens.shape[0] == batch
-                and (cache_seqlens.is_cpu if q.is_cpu else cache_seqlens.device == device)):
-            _check_index("cache_seqlens", cache_seqlens, device, (batch,), f"(batch,) = ({batch},)")
+        if not (cache_seqlens.dtype is _INT32 and cache_seqlens.shape == (batch,)
+                and (cache_seqlens.is_cpu if on_cpu else cache_seqlens.device == q.device)):
+            _check_index("cache_seqlens", cache_seqlens, q.device, (batch,), f"(batch,) = ({batch},)")
     else:
         n = _int_like(cache_seqlens)
         if n is None or n < 0 or n + seqlen_new > capacity:
             raise ValueError(f"flashattn: cache_seqlens={cache_seqlens!r} must be an int in [0, {capacity - seqlen_new}]"
                              f" (the cache holds {capacity} rows per sequence, {seqlen_new} new ones are appended) or "
                              "an int32 tensor (batch,)")
-        cache_seqlens = _ops.seqlens_tensor(n, batch, device)
+        cache_seqlens = _ops.seqlens_tensor(n, batch, q.device)
     splits = num_splits if type(num_splits) is int else _int_like(num_splits)
     if splits is None or splits < 0:
         raise ValueError(f"flashattn: num_splits={num_splits!r} must be an integer >= 0 (0 = heuristic)")
     window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
         window_size, causal, softmax_scale, softcap, alibi_slopes, q, d, batch)
     return_lse = bool(return_softmax_lse)
-    # with_kvcache_out: lse is None (none allocated) unless return_lse.
+    # with_kvcache_*_out: lse is None (none allocated) unless return_lse.
     if k is not None:
-        out, lse = _ops.with_kvcache_out(True, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                                         cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
-                                         float(softmax_scale), bool(causal), window_left, window_right, softcap,
-                                         bool(rotary_interleaved), splits, return_lse, _AUTO)
+        out, lse = _ops.with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                                cache_batch_idx, cache_leftpad, block_table, alibi_slopes,
+                                                softmax_scale, bool(causal), window_left, window_right, softcap,
+                                                bool(rotary_interleaved), splits, return_lse, _AUTO,
+                                                (shapes[0], kc_shape, new_shape))
     else:
-        out, lse = _ops.with_kvcache_out(False, q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
-                                         block_table, alibi_slopes, None, None, 0, 0, float(softmax_scale),
-                                         bool(causal), window_left, window_right, softcap, splits, return_lse, _AUTO)
+        out, lse = _ops.with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad,
+                                              block_table, alibi_slopes, None, None, 0, 0, softmax_scale,
+                                              bool(causal), window_left, window_right, softcap, splits, return_lse,
+                                              _AUTO, (shapes[0], kc_shape, None))
     return (out, lse) if return_lse else out
 
 
