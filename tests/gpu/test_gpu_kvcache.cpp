@@ -273,13 +273,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, GpuKvCache,
                            return std::string(flashattn_backend_name(i.param));
                          });
 
-// The CUDA combine kernel equals the host combine (to fp32 rounding) on random partial results
-// with empty splits (-inf LSEs, NaN partial outputs that must not be read).
-TEST(GpuCombine, MatchesHostCombine) {
-  std::string why;
-  if (!have_gpu_path(FLASHATTN_BACKEND_SM80, &why)) GTEST_SKIP() << why;
+// The CUDA combine kernels equal the host combine (to fp32 rounding) on random partial results
+// with empty splits (-inf LSEs, NaN partial outputs that must not be read): S splits of
+// [b, s, h, d] rows. Few splits take the warp-per-row kernel, many (>= 8, d <= 256) the
+// CTA-per-row one.
+void check_combine_matches_host(int S, int b, int s, int h, int d) {
+  SCOPED_TRACE("splits " + std::to_string(S) + " headdim " + std::to_string(d));
   std::mt19937_64 rng(fresh_seed());
-  const int S = 5, b = 2, s = 7, h = 3, d = 40;
   std::vector<float> parts(size_t(S) * b * s * h * d), lses(size_t(S) * b * h * s);
   std::normal_distribution<float> n01;
   for (float& x : parts) x = n01(rng);
@@ -293,6 +293,8 @@ TEST(GpuCombine, MatchesHostCombine) {
     }
   }
   for (int i = 0; i < h * s; ++i) lses[size_t(i)] = lses[size_t(b) * h * s + i] = -INFINITY;  // rows of batch 0 empty in splits 0, 1
+  for (int split = 0; split < S; ++split)  // the last batch's row 0 of head 0: empty in every split (O = 0, LSE = -inf)
+    lses[size_t(split) * b * h * s + size_t(b - 1) * h * s] = -INFINITY;
   auto params = [&](const void* op, const float* lp, void* out, float* lse, int device) {
     flashattn_combine_params c = flashattn_combine_params_init();
     c.dtype = FLASHATTN_DTYPE_FP32;
@@ -336,6 +338,20 @@ TEST(GpuCombine, MatchesHostCombine) {
       EXPECT_NEAR(dev_lse[i], host_lse[i], 1e-5f * (1.f + std::fabs(host_lse[i]))) << "lse[" << i << "]";
     }
   }
+}
+
+TEST(GpuCombine, MatchesHostCombine) {
+  std::string why;
+  if (!have_gpu_path(FLASHATTN_BACKEND_SM80, &why)) GTEST_SKIP() << why;
+  check_combine_matches_host(5, 2, 7, 3, 40);    // warp per row
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(8, 1, 3, 2, 64);    // CTA per row from 8 splits
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(57, 1, 1, 32, 128);  // a decode step's split-KV
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(300, 2, 2, 3, 256);  // more splits than threads, widest head
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(20, 1, 2, 2, 264);  // head dim past the CTA kernel's: warp per row
 }
 
 }  // namespace
