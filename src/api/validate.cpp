@@ -572,7 +572,7 @@ flashattn_status check_kv_cache(const flashattn_fwd_params& p, void* stream, con
     kv.block_table = c.block_table;
     kv.block_table_stride = c.block_table_stride;
     kv.max_pages = c.max_pages;
-    kv.page_size = int(p.k.shape[1]);
+    kv.set_page_size(int(p.k.shape[1]));
     kv.num_pages = int(p.k.shape[0]);
     // Pages are addressed through the tensors' first stride, varlen or not.
     out->k_stride.batch = p.k.stride[0];

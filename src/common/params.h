@@ -152,7 +152,7 @@ FA_HD SeqBounds seq_bounds(const Shape& s, const int32_t* cu_q, const int32_t* c
 // included), head kvh.
 FA_HD int64_t cache_offset(const RowStrides& st, const KvCache& kv, int b, const SeqBounds& sb, int r, int kvh) {
   if (kv.paged())
-    return int64_t(kv.page(b, r)) * st.batch + int64_t(r % kv.page_size) * st.row + int64_t(kvh) * st.head;
+    return int64_t(kv.page(b, r)) * st.batch + int64_t(kv.row_in_page(r)) * st.row + int64_t(kvh) * st.head;
   return int64_t(sb.kv_batch) * st.batch + (sb.k_offset + r) * st.row + int64_t(kvh) * st.head;
 }
 // ... of key/value row j of sequence b's keys (from seq_bounds above).
