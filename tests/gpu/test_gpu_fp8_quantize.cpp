@@ -49,7 +49,8 @@ constexpr uint8_t kPoison = 0x5A;
 
 size_t elem_size(flashattn_dtype t) { return t == FLASHATTN_DTYPE_FP32 ? 4 : 2; }
 
-// A strided [b, s, h, d] buffer of `esize`-byte elements (padding after each head, row and batch).
+// A strided [b, s, h, d] buffer of `esize`-byte elements (padding after each head, row and batch;
+// pad < 0: contiguous, the layout the CUDA quantizer's vectorized path takes).
 struct Strided {
   int64_t shape[4], stride[4];
   size_t esize;
@@ -58,9 +59,9 @@ struct Strided {
     const int64_t sh[4] = {b, s, h, d};
     std::memcpy(shape, sh, sizeof(shape));
     stride[3] = 1;
-    stride[2] = d + pad;
-    stride[1] = h * stride[2] + 2 * pad + 1;
-    stride[0] = s * stride[1] + 3;
+    stride[2] = d + (pad < 0 ? 0 : pad);
+    stride[1] = h * stride[2] + (pad < 0 ? 0 : 2 * pad + 1);
+    stride[0] = s * stride[1] + (pad < 0 ? 0 : 3);
     bytes.assign(size_t(std::max<int64_t>(1, b * stride[0])) * es, kPoison);
   }
   int64_t index(int64_t b, int64_t s, int64_t h, int64_t c) const {
@@ -93,16 +94,18 @@ struct Totals {
   int64_t elems = 0, off_by_one = 0;
 };
 
-void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadamard, uint64_t seed, Totals* tot) {
+void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadamard, uint64_t seed, Totals* tot,
+              bool dense = false) {
   const int64_t b = 2, h = 3;
   const std::string what = std::string(dtype == FLASHATTN_DTYPE_FP16 ? "fp16" : dtype == FLASHATTN_DTYPE_BF16 ? "bf16" : "fp32") +
                            " s=" + std::to_string(s) + " d=" + std::to_string(d) + " block=" + std::to_string(block) +
-                           " hadamard=" + std::to_string(hadamard) + " seed=" + std::to_string(seed);
+                           " hadamard=" + std::to_string(hadamard) + " seed=" + std::to_string(seed) +
+                           (dense ? " dense" : " strided");
   SCOPED_TRACE(what);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   std::uniform_real_distribution<float> unif(0.f, 1.f);
-  Strided x(b, s, h, d, elem_size(dtype), 8);
+  Strided x(b, s, h, d, elem_size(dtype), dense ? -1 : 8);
   for (int64_t ib = 0; ib < b; ++ib)
     for (int64_t is = 0; is < s; ++is)
       for (int64_t ih = 0; ih < h; ++ih) {
@@ -118,7 +121,7 @@ void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadam
     store(x, dtype, x.index(1, 3, 1, d / 2), std::numeric_limits<float>::quiet_NaN());
     store(x, dtype, x.index(1, 5, 2, 1), std::numeric_limits<float>::infinity());
   }
-  Strided q_host(b, s, h, d, 1, 5), q_dev(b, s, h, d, 1, 5);
+  Strided q_host(b, s, h, d, 1, dense ? -1 : 5), q_dev(b, s, h, d, 1, dense ? -1 : 5);
   const int64_t nblocks = (s + block - 1) / block;
   const size_t nscales = size_t(b * h * nblocks);
   std::vector<float> sc_host(nscales, -1.f), sc_dev(nscales, -1.f);
@@ -196,6 +199,9 @@ TEST(GpuFp8Quantize, MatchesHost) {
           const int64_t d = had ? d_had[n % 4] : d_plain[n % 4];
           Totals tot;
           run_case(dtype, s, d, block > 0 ? block : int(s) + 3, had, seed0 + uint64_t(n), had ? &tot_had : &tot);
+          if (HasFatalFailure()) return;
+          // Contiguous tensors (16-bit, no transform, d % 8 == 0: the vectorized kernel).
+          if (!had && d % 8 == 0) run_case(dtype, s, d, block > 0 ? block : int(s) + 3, had, seed0 + uint64_t(n), &tot, true);
           ++n;
           if (HasFatalFailure()) return;
         }
