@@ -1,10 +1,9 @@
 // The CUDA combine of partial attention results (common/combine_params.h): flashattn_combine on
 // device tensors, and the GPU paths' split-KV, which launch it on their fp32 partials.
 // Two kernels, one semantics. Many splits (decode's split-KV: 16-128 of them over a few rows):
-// a CTA per (batch, row, head) whose warps take every kSplitWarps-th split, so the partial rows
-// are read by 8 warps at once instead of one after the other (a warp walking 57 splits in turn
-// took 74 µs for a 32-row decode step, longer than its attention kernel). Few splits: one warp
-// per row. Either way the LSEs are reduced first (max, then the sum of exp), each output column
+// a CTA per (batch, row, head) whose threads split the columns and the splits between them (a
+// warp walking 57 splits in turn took 74 µs for a 32-row decode step). Few splits: one warp per
+// row. Either way the LSEs are reduced first (max, then the sum of exp), each output column
 // accumulates w_s / sum * O_s in fp32, splits whose LSE is -inf weigh 0 and their partial output
 // is not read, and a NaN or +inf LSE makes the row NaN (as the host path).
 #include <cuda_runtime.h>
@@ -70,92 +69,131 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
   }
 }
 
-// The per-row kernel (many splits): kSplitWarps warps per row, up to kMaxColsPerLane * 32 columns.
-constexpr int kSplitWarps = 8;
-constexpr int kMaxColsPerLane = 8;               // head dims up to 256
+// The per-row kernel (many splits): a CTA of kRowThreads per row, its threads `groups` split
+// groups x `vecs` column vectors of kVec values; group g takes splits g, g + groups, ... A decode
+// step's combine is bound by latency, not bandwidth (~1 MB over 32 rows): each thread loads its
+// first kPrefetch partial rows before the LSE reduction, so those loads overlap it, and the rest
+// come kPrefetch at a time. (A CTA of 8 warps taking every 8th split in turn, 4 columns each,
+// took 12 µs for 64 splits of a 32-row step on an H100.)
+constexpr int kRowThreads = 256;
+constexpr int kPrefetch = 4;
 constexpr int kMinSplitsPerRowKernel = 8;        // below, the warp kernel's one warp per row
-constexpr int kMaxSplitsPerRowKernel = 8192;     // the LSEs live in 32 KB of dynamic smem
+constexpr int kMaxSplitsPerRowKernel = 8192;     // the weights live in 32 KB of dynamic smem
+constexpr int kMaxRowKernelHeadDim = 256;
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+__device__ __forceinline__ float block_reduce(float v, float* scratch, bool is_max) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float x = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, x) : v + x;
+  }
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
   v = scratch[0];
-  for (int w = 1; w < kSplitWarps; ++w) v = fmaxf(v, scratch[w]);
+  for (int w = 1; w < kRowThreads / 32; ++w) v = is_max ? fmaxf(v, scratch[w]) : v + scratch[w];
   __syncthreads();  // scratch is reused by the next reduction
   return v;
 }
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = scratch[0];
-  for (int w = 1; w < kSplitWarps; ++w) v += scratch[w];
-  __syncthreads();
-  return v;
+
+// kVec 4: fp32 partials with 16-byte aligned rows (split-KV's own); kVec 1: any dtype.
+template <int kVec>
+__device__ __forceinline__ void load_partial(const CombineParams& p, int64_t index, float (&v)[kVec]) {
+  if constexpr (kVec == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(static_cast<const float*>(p.o_partial) + index);
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  } else {
+    v[0] = load_float(p.o_partial, p.partial_dtype, index);
+  }
 }
 
-__global__ void __launch_bounds__(32 * kSplitWarps) combine_row_kernel(const CombineParams p) {
+template <int kVec>
+__global__ void __launch_bounds__(kRowThreads) combine_row_kernel(const CombineParams p) {
   extern __shared__ float weight[];  // [num_splits]: the LSEs, then exp(LSE_s - max)
-  __shared__ float column_sums[kSplitWarps][kMaxColsPerLane * 32];
-  __shared__ float scratch[kSplitWarps];
+  __shared__ float column_sums[kRowThreads * kVec];  // [groups][d]
+  __shared__ float scratch[kRowThreads / 32];
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, num_splits = p.num_splits;
-  const int d = int(p.headdim);
+  const int tid = threadIdx.x, num_splits = p.num_splits, d = int(p.headdim);
+  const int vecs = (d + kVec - 1) / kVec;  // <= kRowThreads (host)
+  const int groups = kRowThreads / vecs;
+  const int g = tid / vecs, c0 = (tid % vecs) * kVec;
+  const bool active = g < groups;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t h = row % p.nheads, i = (row / p.nheads) % p.seqlen_q, b = row / (p.nheads * p.seqlen_q);
+    const int64_t pbase = b * p.o_partial_stride[1] + i * p.o_partial_stride[2] + h * p.o_partial_stride[3] + c0;
+    float pre[kPrefetch][kVec];
+#pragma unroll
+    for (int k = 0; k < kPrefetch; ++k) {
+      const int s = g + k * groups;
+      if (active && s < num_splits) load_partial<kVec>(p, s * p.o_partial_stride[0] + pbase, pre[k]);
+    }
     const int64_t lbase = b * p.lse_partial_stride[1] + h * p.lse_partial_stride[2] + i * p.lse_partial_stride[3];
     float m = -INFINITY;
     bool nan = false;
-    for (int s = tid; s < num_splits; s += blockDim.x) {
+    for (int s = tid; s < num_splits; s += kRowThreads) {
       const float l = p.lse_partial[s * p.lse_partial_stride[0] + lbase];
       weight[s] = l;
       if (l != l) nan = true;
       else m = fmaxf(m, l);
     }
     nan = __syncthreads_or(nan);
-    m = block_max(m, scratch);
+    m = block_reduce(m, scratch, true);
     const int64_t obase = b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
     float lse_out;
     if (nan || m == INFINITY) {  // uniform over the block, as m and nan are
       lse_out = NAN;
-      for (int c = tid; c < d; c += blockDim.x) store_float(p.out, p.dtype, obase + c, NAN);
+      for (int c = tid; c < d; c += kRowThreads) store_float(p.out, p.dtype, obase + c, NAN);
     } else if (m == -INFINITY) {  // no split saw a key for this row
       lse_out = -INFINITY;
-      for (int c = tid; c < d; c += blockDim.x) store_float(p.out, p.dtype, obase + c, 0.f);
+      for (int c = tid; c < d; c += kRowThreads) store_float(p.out, p.dtype, obase + c, 0.f);
     } else {
       float sum = 0.f;
-      for (int s = tid; s < num_splits; s += blockDim.x) {
+      for (int s = tid; s < num_splits; s += kRowThreads) {
         const float e = expf(weight[s] - m);
         weight[s] = e;
         sum += e;
       }
-      sum = block_sum(sum, scratch);  // its barriers also publish weight[]
+      sum = block_reduce(sum, scratch, false);  // its barriers also publish weight[]
       lse_out = m + logf(sum);  // sum >= 1: the max's own term is 1
-      const float inv = 1.f / sum;
-      float acc[kMaxColsPerLane];
+      float acc[kVec];
 #pragma unroll
-      for (int j = 0; j < kMaxColsPerLane; ++j) acc[j] = 0.f;
-      const int64_t pbase = b * p.o_partial_stride[1] + i * p.o_partial_stride[2] + h * p.o_partial_stride[3];
-#pragma unroll 2
-      for (int s = warp; s < num_splits; s += kSplitWarps) {
-        const float w = weight[s];
-        if (w == 0.f) continue;  // an empty split (warp-uniform): its partial output may be anything
-        const float ws = w * inv;
-        const int64_t ps = s * p.o_partial_stride[0] + pbase;
+      for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+      // An empty split weighs 0 and its partial output may be anything (NaN): skipped, not multiplied.
 #pragma unroll
-        for (int j = 0; j < kMaxColsPerLane; ++j) {
-          const int c = lane + 32 * j;
-          if (c < d) acc[j] += ws * load_float(p.o_partial, p.partial_dtype, ps + c);
+      for (int k = 0; k < kPrefetch; ++k) {
+        const int s = g + k * groups;
+        const float w = active && s < num_splits ? weight[s] : 0.f;
+        if (w != 0.f) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) acc[j] += w * pre[k][j];
         }
       }
+      for (int s0 = g + kPrefetch * groups; active && s0 < num_splits; s0 += kPrefetch * groups) {
+        float v[kPrefetch][kVec];
 #pragma unroll
-      for (int j = 0; j < kMaxColsPerLane; ++j) column_sums[warp][lane + 32 * j] = acc[j];
+        for (int k = 0; k < kPrefetch; ++k) {
+          const int s = s0 + k * groups;
+          if (s < num_splits) load_partial<kVec>(p, s * p.o_partial_stride[0] + pbase, v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < kPrefetch; ++k) {
+          const int s = s0 + k * groups;
+          const float w = s < num_splits ? weight[s] : 0.f;
+          if (w != 0.f) {
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) acc[j] += w * v[k][j];
+          }
+        }
+      }
+      if (active) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (c0 + j < d) column_sums[g * d + c0 + j] = acc[j];
+      }
       __syncthreads();
-      for (int c = tid; c < d; c += blockDim.x) {
-        float v = column_sums[0][c];
-        for (int w = 1; w < kSplitWarps; ++w) v += column_sums[w][c];
-        store_float(p.out, p.dtype, obase + c, v);
+      const float inv = 1.f / sum;
+      for (int c = tid; c < d; c += kRowThreads) {
+        float v = 0.f;
+        for (int gg = 0; gg < groups; ++gg) v += column_sums[gg * d + c];
+        store_float(p.out, p.dtype, obase + c, v * inv);
       }
     }
     if (tid == 0 && p.lse != nullptr) p.lse[p.lse_index(b, h, i)] = lse_out;
@@ -174,9 +212,18 @@ flashattn_status combine(const CombineParams& p, void* stream) {
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int64_t max_grid = int64_t(1) << 20;
   if (p.num_splits >= kMinSplitsPerRowKernel && p.num_splits <= kMaxSplitsPerRowKernel &&
-      p.headdim <= kMaxColsPerLane * 32) {
+      p.headdim <= kMaxRowKernelHeadDim) {
     const unsigned grid = unsigned(rows < max_grid ? rows : max_grid);
-    combine_row_kernel<<<grid, 32 * kSplitWarps, size_t(p.num_splits) * sizeof(float), st>>>(p);
+    const size_t smem = size_t(p.num_splits) * sizeof(float);
+    // float4 loads where every partial row starts 16-byte aligned (split-KV's fp32 partials).
+    bool vec4 = p.partial_dtype == FLASHATTN_DTYPE_FP32 && p.headdim % 4 == 0 &&
+                reinterpret_cast<uintptr_t>(p.o_partial) % 16 == 0;
+    for (int k = 0; k < 4; ++k) vec4 = vec4 && p.o_partial_stride[k] % 4 == 0;
+    if (vec4) {
+      combine_row_kernel<4><<<grid, kRowThreads, smem, st>>>(p);
+    } else {
+      combine_row_kernel<1><<<grid, kRowThreads, smem, st>>>(p);
+    }
   } else {
     const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const unsigned grid = unsigned(blocks < max_grid ? blocks : max_grid);

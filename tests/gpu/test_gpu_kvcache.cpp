@@ -276,7 +276,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, GpuKvCache,
 // The CUDA combine kernels equal the host combine (to fp32 rounding) on random partial results
 // with empty splits (-inf LSEs, NaN partial outputs that must not be read): S splits of
 // [b, s, h, d] rows. Few splits take the warp-per-row kernel, many (>= 8, d <= 256) the
-// CTA-per-row one.
+// CTA-per-row one (float4 loads where d % 4 == 0, else scalar).
 void check_combine_matches_host(int S, int b, int s, int h, int d) {
   SCOPED_TRACE("splits " + std::to_string(S) + " headdim " + std::to_string(d));
   std::mt19937_64 rng(fresh_seed());
@@ -348,6 +348,10 @@ TEST(GpuCombine, MatchesHostCombine) {
   check_combine_matches_host(8, 1, 3, 2, 64);    // CTA per row from 8 splits
   if (HasFatalFailure()) return;
   check_combine_matches_host(57, 1, 1, 32, 128);  // a decode step's split-KV
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(12, 2, 3, 2, 42);  // CTA per row, scalar loads (d % 4 != 0), threads left idle
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(33, 1, 2, 4, 200);  // float4 loads, 5 split groups (not a power of two)
   if (HasFatalFailure()) return;
   check_combine_matches_host(300, 2, 2, 3, 256);  // more splits than threads, widest head
   if (HasFatalFailure()) return;
