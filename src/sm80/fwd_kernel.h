@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/dropout_tile.h"
+#include "common/gqa_pack.h"
 #include "common/mask.h"
 #include "common/score_mods.h"
 #include "common/params.h"
@@ -27,14 +28,16 @@ namespace flashattn::sm80 {
 // kKvCache: the forward over a KV cache (common/kv_cache.h): keys gathered row by row through the
 // cache's addressing (paged or contiguous), sequences' key ranges from the cache lengths, and
 // split-KV: blockIdx.z = batch * num_splits + split, each split writing fp32 partial results that
-// the combine kernel merges. A kernel of its own, so the plain forward keeps its registers.
+// the combine kernel merges; and GQA packing (common/gqa_pack.h): blockIdx.y is then a kv head
+// and the tile's rows are its query heads' rows, each with its own query index and addresses.
+// A kernel of its own, so the plain forward keeps its registers.
 // Memory-bound decode wants several CTAs per SM (bytes in flight): the KV-cache kernel's decode
 // tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
 // spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
 // prefill tile (64 rows) is left to the compiler.
 template <typename Kt, bool kAllCols, bool kKvCache = false>
 __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
-    fwd_kernel(const FwdParams p, const SplitKv split) {
+    fwd_kernel(const FwdParams p, const SplitKv split, const GqaPack pack) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
   constexpr int kBlockN = Kt::kBlockN;
@@ -51,7 +54,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
     // non-causal included), more than the tail gains.
     if (p.mask.window_right >= 0 && p.mask.window_left < 0) m_block = int(gridDim.x) - 1 - m_block;
   }
-  const int h = blockIdx.y;
+  const int group = kKvCache ? pack.group : 1;  // GQA packing: the tile's rows span `group` heads from h
+  const int h = int(blockIdx.y) * group;
   const int b = kKvCache ? int(blockIdx.z) / split.num_splits : int(blockIdx.z);
   const int split_idx = kKvCache ? int(blockIdx.z) % split.num_splits : 0;
   SeqBounds sb;
@@ -70,31 +74,43 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
     if (fused_append && m_block == 0 && split_idx == 0 && h == hk * p.shape.group_size())
       append_rows_cta<Element>(p, sb, b, hk, tidx, Kt::kNThreads);
   }
-  if (m0 >= sb.seqlen_q) return;
+  const int tile_rows = sb.seqlen_q * group;  // the kernel's rows of this sequence
+  if (m0 >= tile_rows) return;
+  const int valid_rows = min(kBlockM, tile_rows - m0);
   const Mask mask = make_mask(p.mask, sb);
+  // The tile's queries [q0, q0 + q_rows) (packed: each row's query index is row / group).
+  const int q0 = m0 / group, q_rows = (m0 + valid_rows - 1) / group - q0 + 1;
   int n_begin = 0, n_end = 0;
-  mask.key_block_range(m0, kBlockM, kBlockN, &n_begin, &n_end);
+  mask.key_block_range(q0, kKvCache ? q_rows : kBlockM, kBlockN, &n_begin, &n_end);
   if constexpr (kKvCache) {  // this split's share of the sequence's key blocks
     const int per_split = split.blocks_per_split((sb.seqlen_k + kBlockN - 1) / kBlockN);
     n_begin = max(n_begin, split_idx * per_split);
     n_end = min(n_end, (split_idx + 1) * per_split);
   }
-  const int valid_rows = min(kBlockM, sb.seqlen_q - m0);
   const int d = kAllCols ? kHeadDim : p.shape.headdim;  // <= kHeadDim: the columns past it are zero-filled, never stored
   constexpr bool all_cols = kAllCols;
 
-  const Element* q_ptr = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, m0, h);
-  Element* o_ptr = static_cast<Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, m0, h);
+  // Q and O from query q0 of head h (unpacked: row m0); tile row r's offset from there (packed:
+  // the query and head of row m0 + r).
+  const Element* q_ptr = static_cast<const Element*>(p.q) + row_offset(p.q_stride, b, sb.q_offset, q0, h);
+  Element* o_ptr = static_cast<Element*>(p.o) + row_offset(p.o_stride, b, sb.q_offset, q0, h);
+  auto packed_offset = [&](int r, int64_t row_stride, int64_t head_stride) {
+    const int row = m0 + r;
+    return int64_t(row / group - q0) * row_stride + int64_t(row % group) * head_stride;
+  };
   // KV cache: K/V rows are gathered per tile (gather_rows); these bases are unused there.
   const Element* k_base = static_cast<const Element*>(p.k) + (kKvCache ? 0 : row_offset(p.k_stride, b, sb.k_offset, 0, hk));
   const Element* v_base = static_cast<const Element*>(p.v) + (kKvCache ? 0 : row_offset(p.v_stride, b, sb.k_offset, 0, hk));
-  float* lse_ptr = p.lse == nullptr ? nullptr : p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + m0;
-  // Split-KV: fp32 partial O [split, b, row, h, d] and LSE [split, b, h, row] in the workspace.
+  float* lse_ptr = p.lse == nullptr ? nullptr : p.lse + sb.lse_offset + int64_t(h) * sb.lse_head_stride + q0;
+  int64_t lse_head_stride = sb.lse_head_stride;
+  // Split-KV: fp32 partial O [split, b, row, h, d] and LSE [split, b, h, row] in the workspace
+  // (unpacked layout: the combine sees the call's own rows and heads).
   const bool partial = kKvCache && split.num_splits > 1;
   float* o_part = nullptr;
   if (partial) {
-    o_part = split.o_partial + split.o_index(split_idx, b, m0, h);
-    lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, m0);
+    o_part = split.o_partial + split.o_index(split_idx, b, q0, h);
+    lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, q0);
+    lse_head_stride = split.seqlen_q;
   }
   // Key/value row j of this sequence (KV cache: through the cache's addressing; a fused append's
   // new rows, from key j_new on, from k_new/v_new).
@@ -113,10 +129,26 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
   auto store_out = [&](auto const& acc_rc, auto const& coord_rc, int rows, int cols, float scale) {
-    if (partial) {
-      store_acc_rows<float>(acc_rc, coord_rc, o_part, split.o_row_stride(), rows, cols, scale);
+    if constexpr (kKvCache) {
+      if (partial) {
+        store_acc_rows_at<float>(acc_rc, coord_rc, o_part,
+                                 [&](int r) { return packed_offset(r, split.o_row_stride(), split.headdim); }, rows,
+                                 cols, scale);
+      } else {
+        store_acc_rows_at<Element>(acc_rc, coord_rc, o_ptr,
+                                   [&](int r) { return packed_offset(r, p.o_stride.row, p.o_stride.head); }, rows,
+                                   cols, scale);
+      }
     } else {
       store_acc_rows<Element>(acc_rc, coord_rc, o_ptr, p.o_stride.row, rows, cols, scale);
+    }
+  };
+  // LSE of tile row r (this thread's rows below valid_rows only).
+  auto store_lse = [&](int r, float v) {
+    if constexpr (kKvCache) {
+      lse_ptr[packed_offset(r, 1, lse_head_stride)] = v;
+    } else {
+      lse_ptr[r] = v;
     }
   };
 
@@ -136,7 +168,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
 #pragma unroll
       for (int mi = 0; mi < kRows; ++mi) {
         const int row = get<0>(tOcO_rc(mi, 0));
-        if (row < valid_rows) lse_ptr[row] = -INFINITY;
+        if (row < valid_rows) store_lse(row, -INFINITY);
       }
     }
     return;
@@ -201,7 +233,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   // Prologue: Q and the last K tile (blocks are visited last to first, so only the first
   // visited block can be partial at the end of the sequence).
   int n_block = n_last;
-  copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
+  if constexpr (kKvCache) {  // packed: each row from its own query and head
+    gather_rows(gmem_tiled_copy, [&](int r) { return q_ptr + packed_offset(r, p.q_stride.row, p.q_stride.head); }, 0,
+                tQsQ, tQcQ, valid_rows, d);
+  } else {
+    copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
+  }
   if constexpr (kKvCache) {
     gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   } else {
@@ -213,6 +250,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   OnlineSoftmaxRow row_state[kRows];
 #pragma unroll
   for (int mi = 0; mi < kRows; ++mi) row_state[mi].init();
+  // KV cache: the query index of each of this thread's rows (packed: row / group; past the tile's
+  // rows: seqlen_q, which the mask gives no keys).
+  int row_query[kRows];
+#pragma unroll
+  for (int mi = 0; mi < kRows; ++mi) {
+    const int row = m0 + get<0>(tScS_rc(mi, 0));
+    row_query[mi] = kKvCache && row < tile_rows ? row / group : sb.seqlen_q;
+  }
   const ScoreTransform st = ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap);
   const ScoreMods mods = ScoreMods::make(p, st, sb, b, h);  // ALiBi, dropout
 
@@ -245,10 +290,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
         for (int i = 0; i < size(scores); ++i) scores(i) = st.apply(scores(i));
       }
       if (mods.alibi()) alibi_apply<true>(scores, tScS_rc, m0, n0, mods);
-      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) {
+      const bool needs_mask = kKvCache ? m0 + kBlockM > tile_rows || mask.tile_needs_key_mask(q0, q_rows, n0, kBlockN)
+                                       : mask.tile_needs_mask(m0, kBlockM, n0, kBlockN);
+      if (needs_mask) {
 #pragma unroll
         for (int mi = 0; mi < kRows; ++mi) {
-          const int row = m0 + get<0>(tScS_rc(mi, 0));
+          const int row = kKvCache ? row_query[mi] : m0 + get<0>(tScS_rc(mi, 0));
           const int kb = mask.key_begin(row), ke = row < sb.seqlen_q ? mask.key_end(row) : 0;
 #pragma unroll
           for (int ni = 0; ni < size<1>(scores); ++ni) {
@@ -387,7 +434,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
 #pragma unroll
     for (int mi = 0; mi < kRows; ++mi) {
       const int row = get<0>(tOcO_rc(mi, 0));
-      if (row < valid_rows) lse_ptr[row] = row_state[mi].lse();
+      if (row < valid_rows) store_lse(row, row_state[mi].lse());
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/gqa_pack.h"
 #include "common/params.h"
 #include "common/split_kv.h"
 #include "flashattn/flashattn.h"
@@ -58,9 +59,9 @@ inline bool kv_prefill_tile(const FwdParams& p) { return p.shape.seqlen_q > kKvP
 // How a KV-cache forward runs: the params its attention kernel sees, the split count and the
 // workspace carve-up. The same for the size query and the call (a function of shapes only).
 struct KvPlan {
-  FwdParams attn;              // q rotated (prepass) and/or GQA-packed
+  FwdParams attn;              // q rotated by the prepass (else the call's)
   bool rotate_q = false;       // the prepass writes q rotated to the workspace
-  bool gqa_packed = false;     // one-query decode: the query heads of a kv head are its rows
+  GqaPack pack;                // the query heads of a kv head as the rows of its tiles
   SplitKv split;               // num_splits, partial buffers (pointers filled by bind())
   size_t q_rot = 0, o_partial = 0, lse_partial = 0, total = 0;  // workspace offsets / size
 
@@ -89,25 +90,20 @@ inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots, int bl
     k.q_rot = 0;
     k.total = align256(size_t(sh.batch) * sh.seqlen_q * sh.nheads_q * sh.headdim * element_size);
   }
-  // One query per sequence: the group's query heads become the rows of one kv head's tile, so
-  // K/V are read once per group (FA2's seqlenq_ngroups_swapped). Only where every row sees the
-  // same keys: no left window, and causal (or a right window) is no mask for a single query.
+  // GQA packing (common/gqa_pack.h) where it takes fewer tiles, so K/V are read once per group:
+  // a few queries per sequence (decode, speculative decoding). Prefill-sized q fills its tiles
+  // either way. Not with ALiBi or dropout, which are per head (and fixed length only).
   const int group = sh.group_size();
-  if (!varlen && sh.seqlen_q == 1 && group > 1 && a.mask.window_left < 0 && !a.alibi.enabled() &&
-      !a.dropout.enabled()) {
-    k.gqa_packed = true;
-    a.mask.window_right = -1;
-    sh.seqlen_q = group;
-    sh.nheads_q = sh.nheads_kv;
-    sh.total_q = sh.batch * group;
-    a.q_stride = RowStrides{a.q_stride.batch, a.q_stride.head, a.q_stride.head * group};
-    a.o_stride = RowStrides{a.o_stride.batch, a.o_stride.head, a.o_stride.head * group};
+  if (!varlen && group > 1 && !a.alibi.enabled() && !a.dropout.enabled()) {
+    const int64_t unpacked = int64_t((sh.seqlen_q + block_m - 1) / block_m) * group;
+    const int64_t packed = (int64_t(sh.seqlen_q) * group + block_m - 1) / block_m;
+    if (packed < unpacked) k.pack.group = group;
   }
   // Split-KV for fixed-length calls (varlen rows outside every sequence would be combined from
   // unwritten partials).
   int splits = 1;
   if (!varlen && p.num_splits != 1) {
-    const int64_t ctas = int64_t((sh.seqlen_q + block_m - 1) / block_m) * sh.nheads_q * sh.batch;
+    const int64_t ctas = int64_t((k.pack.rows(sh.seqlen_q) + block_m - 1) / block_m) * k.pack.heads(sh.nheads_q) * sh.batch;
     const int n_blocks = (sh.seqlen_k + block_n - 1) / block_n;
     splits = p.num_splits > 1 ? std::max(1, std::min(p.num_splits, n_blocks)) : choose_num_splits(ctas, slots, n_blocks, 128);
   }

@@ -121,7 +121,7 @@ flashattn_status run_fwd_with(const FwdParams& p, cudaStream_t stream) {
   if ((s = check_grid(p.shape.batch, p.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
   const dim3 grid((p.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, p.shape.nheads_q, p.shape.batch);
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p, SplitKv{});
+  kernel<<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(p, SplitKv{}, GqaPack{});
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? FLASHATTN_SUCCESS : cuda_failure(e, "sm80 fwd launch");
 }
@@ -211,9 +211,11 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
     return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm80 KV-cache forward needs %zu bytes", plan.total);
   plan.bind(workspace);
   const FwdParams& a = plan.attn;
-  if ((s = check_grid(a.shape.batch * plan.split.num_splits, a.shape.nheads_q)) != FLASHATTN_SUCCESS) return s;
+  const GqaPack& pack = plan.pack;
+  if ((s = check_grid(a.shape.batch * plan.split.num_splits, pack.heads(a.shape.nheads_q))) != FLASHATTN_SUCCESS)
+    return s;
   cudaError_t e = cudaSuccess;
-  const dim3 grid((a.shape.seqlen_q + Kt::kBlockM - 1) / Kt::kBlockM, a.shape.nheads_q,
+  const dim3 grid((pack.rows(a.shape.seqlen_q) + Kt::kBlockM - 1) / Kt::kBlockM, pack.heads(a.shape.nheads_q),
                   a.shape.batch * plan.split.num_splits);
   // 1. Rotated appends (and q rotated into the workspace), before any attention reads the cache.
   // Appends without rotary are fused into the attention kernel, which has a CTA per (sequence,
@@ -231,7 +233,7 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   // 2. Attention (appending itself where the prepass did not), each split writing its partial
   // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(a, plan.split);
+  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(a, plan.split, pack);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
   // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
   if (plan.split.num_splits > 1) {

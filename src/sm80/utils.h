@@ -189,24 +189,32 @@ __device__ __forceinline__ void named_barrier_sync() {
 }
 
 // Stores a fp32 accumulator tile (rows x cols, coordinates from `coord`) as Element pairs to
-// gmem rows [0, valid_rows), columns [0, valid_cols) (the tensors' head dim, even). The two
-// values of a pair are adjacent columns (m16n8 C layout).
-template <typename Element, typename Acc, typename Coord>
-__device__ __forceinline__ void store_acc_rows(Acc const& acc_rc, Coord const& coord_rc, Element* base,
-                                               int64_t row_stride, int valid_rows, int valid_cols, float scale) {
+// gmem rows [0, valid_rows), columns [0, valid_cols) (the tensors' head dim, even); tile row r
+// starts at base + row_offset(r). The two values of a pair are adjacent columns (m16n8 C layout).
+template <typename Element, typename Acc, typename Coord, typename RowOffset>
+__device__ __forceinline__ void store_acc_rows_at(Acc const& acc_rc, Coord const& coord_rc, Element* base,
+                                                  RowOffset const& row_offset, int valid_rows, int valid_cols,
+                                                  float scale) {
   using P2 = Pack2<Element>;
 #pragma unroll
   for (int mi = 0; mi < size<0>(acc_rc); ++mi) {
     const int row = get<0>(coord_rc(mi, 0));
     if (row >= valid_rows) continue;
+    Element* out_row = base + row_offset(row);
 #pragma unroll
     for (int ni = 0; ni < size<1>(acc_rc); ni += 2) {
       const int col = get<1>(coord_rc(mi, ni));
       if (col >= valid_cols) continue;
-      *reinterpret_cast<typename P2::type*>(base + row * row_stride + col) =
-          P2::make(acc_rc(mi, ni) * scale, acc_rc(mi, ni + 1) * scale);
+      *reinterpret_cast<typename P2::type*>(out_row + col) = P2::make(acc_rc(mi, ni) * scale, acc_rc(mi, ni + 1) * scale);
     }
   }
+}
+
+// The same for rows `row_stride` elements apart.
+template <typename Element, typename Acc, typename Coord>
+__device__ __forceinline__ void store_acc_rows(Acc const& acc_rc, Coord const& coord_rc, Element* base,
+                                               int64_t row_stride, int valid_rows, int valid_cols, float scale) {
+  store_acc_rows_at(acc_rc, coord_rc, base, [&](int row) { return row * row_stride; }, valid_rows, valid_cols, scale);
 }
 
 }  // namespace flashattn::sm80

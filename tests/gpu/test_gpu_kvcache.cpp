@@ -163,6 +163,26 @@ TEST_P(GpuKvCache, DecodeGridMatchesGatheredOracle) {
   }
 }
 
+// GQA-packed tiles (common/gqa_pack.h) over several queries: a kv head's query heads as the
+// rows of one tile, with tile boundaries inside a query's group (group 3), more rows than one
+// tile (13 x 8), causal and windowed rows each masked by their own query index, split or not.
+TEST_P(GpuKvCache, PackedGqaGridMatchesGatheredOracle) {
+  std::string why;
+  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
+  std::mt19937_64 master(fresh_seed());
+  const KvGrid grid = gpu_grid({128, 64}, {0, 1, 7, 113, 799}, 8, 64);
+  const int rows[] = {2, 7, 13, 20}, groups[] = {3, 4, 8};
+  for (int trial = 0; trial < 16; ++trial) {
+    KvCase c = random_kv_case(master, grid);
+    c.sq = rows[trial % 4];
+    c.hq = c.hkv * groups[trial % 3];
+    c.alibi = false;  // per-head slopes: such calls run unpacked
+    if (trial % 4 == 1) c.causal = true, c.window_left = -1, c.window_right = -1, c.softcap = 0.f;
+    run_gpu_case(c, master(), GetParam());
+    if (HasFatalFailure()) return;
+  }
+}
+
 // Prefill-sized q over a cache (more than 64 query rows: the CUDA path's prefill tile), fixed
 // length, with every option of the decode grid: appends (fused, or rotated by the prepass),
 // leftpad, batch_idx, pages of 1..256 rows, windows, softcap, ALiBi, GQA.
