@@ -137,6 +137,10 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
 // warps per row so each warp reads half of every K/V tile from smem. Prefill-sized calls use
 // KvPrefillTraits (kv_prefill_tile). Columns predicated (any head dim up to the kernel's):
 // one kernel per (tile, dtype, head dim).
+// The KV-cache kernel's smem: its tile's, plus the paged lookahead's two blocks of page indices.
+template <typename Kt>
+constexpr int kv_smem_size() { return Kt::kSmemSize + 2 * Kt::kBlockN * int(sizeof(int)); }
+
 template <typename E, int D>
 using KvFwdTraits = FwdTraits<E, D, kKvBlockM, kKvBlockN, 4, /*kWarpsN=*/2>;
 
@@ -165,8 +169,8 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   if (e != cudaSuccess) return cuda_failure(e, "KV-cache forward");
   int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
-    flashattn_status s = prepare_smem(kernel, Kt::kSmemSize, "KV-cache forward", Kt::kHeadDim);
-    if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, Kt::kSmemSize, &slots);
+    flashattn_status s = prepare_smem(kernel, kv_smem_size<Kt>(), "KV-cache forward", Kt::kHeadDim);
+    if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, kv_smem_size<Kt>(), &slots);
     if (s != FLASHATTN_SUCCESS) return s;
     if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
   }
@@ -233,7 +237,7 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   // 2. Attention (appending itself where the prepass did not), each split writing its partial
   // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, Kt::kSmemSize, stream>>>(a, plan.split, pack);
+  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, kv_smem_size<Kt>(), stream>>>(a, plan.split, pack);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
   // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
   if (plan.split.num_splits > 1) {

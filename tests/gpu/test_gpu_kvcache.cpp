@@ -222,7 +222,7 @@ TEST_P(GpuKvCache, PagedPrefillVarlen) {
 }
 
 // A few small cases (compute-sanitizer runs the *Small* tests): paged with odd pages and an
-// append with rotary, contiguous with batch_idx and leftpad, paged varlen.
+// append with rotary, contiguous with batch_idx and leftpad, paged varlen, paged prefill.
 TEST_P(GpuKvCache, SmallCases) {
   std::string why;
   if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
@@ -266,6 +266,19 @@ TEST_P(GpuKvCache, SmallCases) {
   c.cache_lens = {5, 90};
   c.causal = true;
   run_gpu_case(c, fresh_seed(), GetParam());
+  KvCase d;  // the prefill tile's paged lookahead (page indices one key block ahead in smem)
+  d.dtype = FLASHATTN_DTYPE_BF16;
+  d.page_size = 3;
+  d.batch = 2;
+  d.sq = 66;
+  d.hq = 4;
+  d.hkv = 2;
+  d.d = 64;
+  d.capacity = 240;
+  d.cache_lens = {0, 170};
+  d.seqlen_new = 66;
+  d.causal = true;
+  run_gpu_case(d, fresh_seed(), GetParam());
 }
 
 // Long caches, one query, GQA: the decode shape split-KV exists for (the heuristic splits here).
