@@ -35,7 +35,7 @@ namespace flashattn::sm80 {
 // tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
 // spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
 // prefill tile (64 rows) is left to the compiler.
-template <typename Kt, bool kAllCols, bool kKvCache = false>
+template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false>
 __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
     fwd_kernel(const FwdParams p, const SplitKv split, const GqaPack pack) {
   using Element = typename Kt::Element;
@@ -112,13 +112,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
     lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, q0);
     lse_head_stride = split.seqlen_q;
   }
-  // Paged prefill tile: the pages of key block n's rows wait in smem (s_pages, buffer n & 1), looked
-  // up one block ahead: a block-table read right before each row's cp.async put a dependent load's
-  // latency in front of every K/V tile (paged prefill ran 24-28% slower than contiguous). Not in
-  // the decode tile: its 4 CTAs per SM hide that latency, and the lookahead's registers made it
-  // spill under its 128-register cap.
-  constexpr bool kPageLookahead = kKvCache && kBlockM > 32;
-  const bool paged_lookahead = kPageLookahead && p.kv.paged();
+  // kPageLookahead (paged caches, prefill tile): the pages of key block n's rows wait in smem
+  // (s_pages, buffer n & 1), looked up one block ahead: a block-table read right before each row's
+  // cp.async put a dependent load's latency in front of every K/V tile (paged prefill ran 24-28%
+  // slower than contiguous). A kernel of its own: as a runtime branch in the contiguous kernel it
+  // cost that kernel 20% (prefill, H100). Not in the decode tile: its 4 CTAs per SM hide that
+  // latency, and the lookahead's registers made it spill under its 128-register cap.
+  static_assert(!kPageLookahead || kKvCache);
+  constexpr bool paged_lookahead = kPageLookahead;
   int* s_pages = reinterpret_cast<int*>(smem_ + Kt::kSmemSize);  // [2][kBlockN], KV-cache kernel only
   static_assert(!kKvCache || Kt::kNThreads >= kBlockN, "a thread per row of a key block");
   auto page_of_key = [&](int j) {  // thread tidx's row of key block n (its block-table entry; -1: no row)

@@ -137,6 +137,9 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
 // warps per row so each warp reads half of every K/V tile from smem. Prefill-sized calls use
 // KvPrefillTraits (kv_prefill_tile). Columns predicated (any head dim up to the kernel's):
 // one kernel per (tile, dtype, head dim).
+// Paged caches on the prefill tile take the kernel that looks their pages up a key block ahead.
+template <typename Kt>
+constexpr bool kv_page_lookahead() { return Kt::kBlockM > kKvBlockM; }
 // The KV-cache kernel's smem: its tile's, plus the paged lookahead's two blocks of page indices.
 template <typename Kt>
 constexpr int kv_smem_size() { return Kt::kSmemSize + 2 * Kt::kBlockN * int(sizeof(int)); }
@@ -162,6 +165,7 @@ flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots
 template <typename Kt>
 flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   auto kernel = fwd_kernel<Kt, false, true>;
+  auto paged_kernel = fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>()>;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> slots_of_device[kMaxDevices];
   int dev = 0;
@@ -170,6 +174,7 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
     flashattn_status s = prepare_smem(kernel, kv_smem_size<Kt>(), "KV-cache forward", Kt::kHeadDim);
+    if (s == FLASHATTN_SUCCESS) s = prepare_smem(paged_kernel, kv_smem_size<Kt>(), "KV-cache forward", Kt::kHeadDim);
     if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, kv_smem_size<Kt>(), &slots);
     if (s != FLASHATTN_SUCCESS) return s;
     if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
@@ -237,7 +242,8 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   // 2. Attention (appending itself where the prepass did not), each split writing its partial
   // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  fwd_kernel<Kt, false, true><<<grid, Kt::kNThreads, kv_smem_size<Kt>(), stream>>>(a, plan.split, pack);
+  auto kernel = a.kv.paged() ? fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>()> : fwd_kernel<Kt, false, true>;
+  kernel<<<grid, Kt::kNThreads, kv_smem_size<Kt>(), stream>>>(a, plan.split, pack);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
   // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
   if (plan.split.num_splits > 1) {
