@@ -8,7 +8,6 @@
 // is not read, and a NaN or +inf LSE makes the row NaN (as the host path).
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 
 #include "api/cuda_util.h"
@@ -19,18 +18,9 @@
 namespace flashattn::cuda {
 namespace {
 
-// A programmatic dependent's wait for its producer grid (sm_90 code; launched so on cc 9.0 only,
-// where this SASS runs).
-__device__ __forceinline__ void wait_for_producer() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 constexpr int kWarpsPerBlock = 4;
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const CombineParams p) {
-  wait_for_producer();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
@@ -120,7 +110,6 @@ __global__ void __launch_bounds__(kRowThreads) combine_row_kernel(const CombineP
   extern __shared__ float weight[];  // [num_splits]: the LSEs, then exp(LSE_s - max)
   __shared__ float column_sums[kRowThreads * kVec];  // [groups][d]
   __shared__ float scratch[kRowThreads / 32];
-  wait_for_producer();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   const int tid = threadIdx.x, num_splits = p.num_splits, d = int(p.headdim);
   const int vecs = (d + kVec - 1) / kVec;  // <= kRowThreads (host)
@@ -212,44 +201,9 @@ __global__ void __launch_bounds__(kRowThreads) combine_row_kernel(const CombineP
   }
 }
 
-// Whether the current device runs the combine's sm_90 SASS (cc 9.x), cached per device: a
-// decode step asks every call.
-bool device_is_sm90() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> major_of_device[kMaxDevices];  // 0: not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev >= kMaxDevices) return false;
-  int major = major_of_device[dev].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    major_of_device[dev].store(major, std::memory_order_relaxed);
-  }
-  return major == 9;
-}
-
-template <typename Kernel>
-cudaError_t launch(Kernel kernel, unsigned grid, int threads, size_t smem, cudaStream_t st, bool dependent,
-                   const CombineParams& p) {
-  if (!dependent) {
-    kernel<<<grid, threads, smem, st>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-
 }  // namespace
 
-flashattn_status combine(const CombineParams& p, void* stream, bool after_producer) {
+flashattn_status combine(const CombineParams& p, void* stream) {
   if (p.lse_partial_fp64 != nullptr || p.lse_fp64 != nullptr || p.dtype == FLASHATTN_DTYPE_FP64 ||
       p.partial_dtype == FLASHATTN_DTYPE_FP64)
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp64 combines run on host tensors only");
@@ -257,8 +211,6 @@ flashattn_status combine(const CombineParams& p, void* stream, bool after_produc
   if (rows == 0) return FLASHATTN_SUCCESS;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   const int64_t max_grid = int64_t(1) << 20;
-  const bool dependent = after_producer && device_is_sm90();
-  cudaError_t e = cudaSuccess;
   if (p.num_splits >= kMinSplitsPerRowKernel && p.num_splits <= kMaxSplitsPerRowKernel &&
       p.headdim <= kMaxRowKernelHeadDim) {
     const unsigned grid = unsigned(rows < max_grid ? rows : max_grid);
@@ -268,15 +220,16 @@ flashattn_status combine(const CombineParams& p, void* stream, bool after_produc
                 reinterpret_cast<uintptr_t>(p.o_partial) % 16 == 0;
     for (int k = 0; k < 4; ++k) vec4 = vec4 && p.o_partial_stride[k] % 4 == 0;
     if (vec4) {
-      e = launch(combine_row_kernel<4>, grid, kRowThreads, smem, st, dependent, p);
+      combine_row_kernel<4><<<grid, kRowThreads, smem, st>>>(p);
     } else {
-      e = launch(combine_row_kernel<1>, grid, kRowThreads, smem, st, dependent, p);
+      combine_row_kernel<1><<<grid, kRowThreads, smem, st>>>(p);
     }
   } else {
     const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const unsigned grid = unsigned(blocks < max_grid ? blocks : max_grid);
-    e = launch(combine_kernel, grid, 32 * kWarpsPerBlock, 0, st, dependent, p);
+    combine_kernel<<<grid, 32 * kWarpsPerBlock, 0, st>>>(p);
   }
+  const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return set_error(FLASHATTN_ERROR_CUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return FLASHATTN_SUCCESS;

@@ -37,12 +37,8 @@ struct CombineParams;
 namespace flashattn::cuda {
 
 // The combine of partial results (common/combine_params.h) on device tensors, on `stream`
-// (src/api/combine_cuda.cu): flashattn_combine and the GPU paths' split-KV. after_producer: the
-// previous launch on `stream` is the kernel that writes the partials; on cc 9.0 the combine then
-// launches as its programmatic dependent (its launch overlaps the producer's tail, and it waits
-// for the producer's writes with griddepcontrol.wait). The producer may signal early with
-// allow_dependent_launch().
-flashattn_status combine(const CombineParams& p, void* stream, bool after_producer = false);
+// (src/api/combine_cuda.cu): flashattn_combine and the GPU paths' split-KV.
+flashattn_status combine(const CombineParams& p, void* stream);
 
 }  // namespace flashattn::cuda
 

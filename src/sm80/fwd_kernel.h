@@ -46,9 +46,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   extern __shared__ __align__(128) char smem_[];
 
   const int tidx = threadIdx.x;
-  // Split-KV: the combine may start launching now (its CTAs wait for this grid's partials); that
-  // hides its launch behind this grid's tail.
-  if constexpr (kKvCache) allow_dependent_launch();
   int m_block = blockIdx.x;
   if constexpr (kHeadDim == 64 || kHeadDim >= 256) {
     // Causal: the last query blocks see the most keys; launch them first (longest job first),

@@ -188,14 +188,6 @@ __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
-// Lets the stream's next kernel, launched as this grid's programmatic dependent (the split-KV
-// combine on cc 9.0, cuda::combine), begin launching: it waits for this grid's writes itself.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Stores a fp32 accumulator tile (rows x cols, coordinates from `coord`) as Element pairs to
 // gmem rows [0, valid_rows), columns [0, valid_cols) (the tensors' head dim, even); tile row r
 // starts at base + row_offset(r). The two values of a pair are adjacent columns (m16n8 C layout).
