@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   // cost that kernel 20% (prefill, H100). Not in the decode tile: its 4 CTAs per SM hide that
   // latency, and the lookahead's registers made it spill under its 128-register cap.
   static_assert(!kPageLookahead || kKvCache);
-  constexpr bool paged_lookahead = kPageLookahead;
-  int* s_pages = reinterpret_cast<int*>(smem_ + Kt::kSmemSize);  // [2][kBlockN], KV-cache kernel only
+  int* s_pages = kPageLookahead ? reinterpret_cast<int*>(smem_ + Kt::kSmemSize) : nullptr;  // [2][kBlockN]
   static_assert(!kKvCache || Kt::kNThreads >= kBlockN, "a thread per row of a key block");
   auto page_of_key = [&](int j) {  // thread tidx's row of key block n (its block-table entry; -1: no row)
     return j < sb.seqlen_k ? p.kv.page(b, sb.k_row0 + j) : -1;
@@ -129,14 +128,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   // new rows, from key j_new on, from k_new/v_new).
   const int j_new = fused_append ? sb.seqlen_k - p.kv.seqlen_new : INT_MAX;
   auto cache_row = [&](const void* base, const RowStrides& st, int j) {
-    int64_t off;
-    if (paged_lookahead) {
+    if constexpr (kPageLookahead) {
       const int page = s_pages[(j / kBlockN) % 2 * kBlockN + j % kBlockN];
-      off = int64_t(page) * st.batch + int64_t(p.kv.row_in_page(sb.k_row0 + j)) * st.row + int64_t(hk) * st.head;
+      return static_cast<const Element*>(base) + int64_t(page) * st.batch +
+             int64_t(p.kv.row_in_page(sb.k_row0 + j)) * st.row + int64_t(hk) * st.head;
     } else {
-      off = key_offset(st, p.kv, b, sb, j, hk);
+      return static_cast<const Element*>(base) + key_offset(st, p.kv, b, sb, j, hk);
     }
-    return static_cast<const Element*>(base) + off;
   };
   auto k_row = [&](int j) {
     if (j >= j_new)
@@ -263,7 +261,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
     copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
   }
   if constexpr (kKvCache) {
-    if (paged_lookahead) {
+    if constexpr (kPageLookahead) {
       if (tidx < kBlockN) s_pages[n_last % 2 * kBlockN + tidx] = page_of_key(n_last * kBlockN + tidx);
       __syncthreads();
     }
@@ -300,8 +298,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       __syncthreads();  // K[n] landed; every warp is done with V[n+1]
       // Paged: block n-1's pages, read now and stored to smem after the S GEMM (buffer (n-1) & 1,
       // last read by the gathers of block n+1, before this barrier).
-      int next_page = -1;
-      if (paged_lookahead && tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
+      [[maybe_unused]] int next_page = -1;
+      if constexpr (kPageLookahead) {
+        if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
+      }
       if constexpr (kKvCache) {
         gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
       } else if (n_block == n_last) {  // the only block that can end past the sequence
@@ -352,7 +352,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
         }
       }
 
-      if (paged_lookahead && tidx < kBlockN && n_block > n_begin) s_pages[(n_block - 1) % 2 * kBlockN + tidx] = next_page;
+      if constexpr (kPageLookahead) {
+        if (tidx < kBlockN && n_block > n_begin) s_pages[(n_block - 1) % 2 * kBlockN + tidx] = next_page;
+      }
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
       if (n_block > n_begin) {  // K[n - 1]: a whole block
