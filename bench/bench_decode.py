@@ -15,8 +15,11 @@ FlashInfer's decode/batch-decode kernels where its wheel imports. Shapes whose K
 Timing: CUDA events, warm-up, median over >= --min-iters calls (bench_vs_peers.time_ms), twice:
 eager (one Python call per step: on a slow host a small decode step is host-bound, and the event
 pair then also spans the host's enqueue time) and replaying a CUDA graph of the same call (what a
-serving engine does; the GPU time alone, the figure the bandwidth targets are about). Rows report
-both; kv_gbps and pct_of_copy use the graph time where the impl captures, else the eager time.
+serving engine does; the GPU time alone, the figure the bandwidth targets are about). The graph
+is timed twice: one call per replay (ms_graph1: includes the graph launch's own latency, paid
+once per decode step, not per layer) and --layers calls per replay, each over its own cache like
+the layers of a model's decode step (ms_graph: per call, no L2 reuse between layers). Rows report
+all three; kv_gbps and pct_of_copy use ms_graph where the impl captures, else the eager time.
 `flashattn-sN` / `flashattn-paged-sN` impls force num_splits = N (the heuristic's choice is 0);
 `flashattn-plain` is flash_attn_func over the same contiguous keys (the non-cache path, e.g. for
 prefill-sized q: what paged prefill is compared with).
@@ -25,7 +28,7 @@ prefill-sized q: what paged prefill is compared with).
     python bench/bench_decode.py --device cpu --quick   # smoke run of the script itself, no GPU
 Writes bench/results/<gpu>-<yyyymmdd>-decode.json:
     {"device", "torch", "copy_gbps", "host_us": {...}, "rows": [{"impl", "layout", "seqlen_q", "cache",
-     "batch", "nheads_q", "nheads_kv", "hdim", "ms", "ms_eager", "ms_graph", "kv_gb", "kv_gbps", "pct_of_copy",
+     "batch", "nheads_q", "nheads_kv", "hdim", "ms", "ms_eager", "ms_graph", "ms_graph1", "layers", "kv_gb", "kv_gbps", "pct_of_copy",
      "max_err"}]}
 """
 
@@ -63,6 +66,11 @@ def parse_args(argv=None):
     p.add_argument("--impls", default="flashattn,flashattn-paged,cudnn,fa2,flashinfer")
     p.add_argument("--min-iters", type=int, default=20)
     p.add_argument("--no-graph", action="store_true", help="eager timing only (no CUDA-graph replay rows)")
+    p.add_argument("--layers", type=int, default=8,
+                   help="graph timing also over this many layers (one cache each) per replay, capped by "
+                        "--layers-gb of K/V; ms (and pct_of_copy) is the per-layer time, ms_graph1 the "
+                        "one-call graph's")
+    p.add_argument("--layers-gb", type=float, default=6.0)
     p.add_argument("--max-iters", type=int, default=200)
     p.add_argument("--target-ms", type=float, default=200.0)
     p.add_argument("--warmup-ms", type=float, default=50.0)
@@ -89,9 +97,12 @@ def time_ms(fn, args, device):
     return cuda_time_ms(fn, args)
 
 
-def graph_time_ms(fn, args, device):
-    """Median CUDA-event time of replaying a CUDA graph of one fn() call (None where fn does not
-    capture): the GPU time of a step without the host's per-call cost."""
+def graph_time_ms(fns, args, device):
+    """Median CUDA-event time of replaying a CUDA graph of one call of each fn in `fns`, divided by
+    len(fns) (None where a fn does not capture): the GPU time of a call without the host's
+    per-call cost. With one fn this includes the graph launch's own latency (several us,
+    the same for every impl); with one fn per layer (each over its own cache, so no layer finds
+    another's K/V in L2) it is the time of one layer's attention inside a decode step's graph."""
     if device.type != "cuda" or args.no_graph:
         return None
     try:
@@ -99,11 +110,13 @@ def graph_time_ms(fn, args, device):
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up off the capture (lazy init, workspace caching)
             for _ in range(3):
-                fn()
+                for fn in fns:
+                    fn()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for fn in fns:
+                fn()
         graph.replay()
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001
@@ -112,7 +125,7 @@ def graph_time_ms(fn, args, device):
         return None
     ms = time_ms(graph.replay, args, device)
     del graph
-    return ms
+    return ms / len(fns)
 
 
 def copy_gbps(device, args):
@@ -262,6 +275,11 @@ def main(argv=None):
                     if kv_bytes / 1e9 > args.max_kv_gb:
                         continue
                     pr = make_problem(device, b, sq, cache, hq, hk, d, args.page_size)
+                    # More layers, each with its own cache (and paged copy), for the in-step timing.
+                    n_layers = 1
+                    if device.type == "cuda" and not args.no_graph and args.layers > 1:
+                        n_layers = max(1, min(args.layers, int(args.layers_gb / (2 * kv_bytes / 1e9))))
+                    more = [make_problem(device, b, sq, cache, hq, hk, d, args.page_size) for _ in range(n_layers - 1)]
                     ref = None
                     for impl in impls:
                         row = dict(impl=impl, layout=f"paged{args.page_size}" if "paged" in impl else "contiguous", seqlen_q=sq,
@@ -274,7 +292,10 @@ def main(argv=None):
                                     ref = out.float()
                                 row["max_err"] = (out.float() - ref).abs().max().item() if ref is not None else None
                                 ms_eager = time_ms(fn, args, device)
-                                ms_graph = graph_time_ms(fn, args, device)
+                                ms_graph1 = graph_time_ms([fn], args, device)
+                                ms_graph = ms_graph1
+                                if more and ms_graph1 is not None:
+                                    ms_graph = graph_time_ms([fn] + [impl_fn(impl, m) for m in more], args, device)
                         except Unavailable as e:
                             print(f"  {impl:16s} n/a: {e}")
                             continue
@@ -282,15 +303,16 @@ def main(argv=None):
                             print(f"  {impl:16s} failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                             continue
                         ms = ms_graph if ms_graph is not None else ms_eager
-                        row.update(ms=ms, ms_eager=ms_eager, ms_graph=ms_graph)
+                        row.update(ms=ms, ms_eager=ms_eager, ms_graph=ms_graph, ms_graph1=ms_graph1,
+                                   layers=n_layers if ms_graph is not None else None)
                         row["kv_gbps"] = kv_bytes / (ms * 1e-3) / 1e9
                         row["pct_of_copy"] = 100.0 * row["kv_gbps"] / copy if copy == copy else None
                         rows.append(row)
                         pct = f"{row['pct_of_copy']:5.1f}%" if row["pct_of_copy"] is not None else "  n/a"
-                        graph = f"{ms_graph:8.3f}" if ms_graph is not None else "     n/a"
+                        graph = f"{ms_graph:8.4f} ({n_layers}L; 1L {ms_graph1:8.4f})" if ms_graph is not None else "     n/a"
                         print(f"sq{sq} cache{cache:>6} b{b:>3} h{hq}/{hk} {impl:18s} graph {graph} ms eager "
                               f"{ms_eager:8.3f} ms {row['kv_gbps']:8.0f} GB/s {pct}  err {row['max_err']}")
-                    del pr
+                    del pr, more
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                     save(args, name, copy, None, rows, quiet=True)  # so far (a run cut short keeps its rows)
