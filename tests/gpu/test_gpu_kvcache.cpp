@@ -308,8 +308,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, GpuKvCache,
 
 // The CUDA combine kernels equal the host combine (to fp32 rounding) on random partial results
 // with empty splits (-inf LSEs, NaN partial outputs that must not be read): S splits of
-// [b, s, h, d] rows. Few splits take the warp-per-row kernel, many (>= 8, d <= 256) the
-// CTA-per-row one (float4 loads where d % 4 == 0, else scalar).
+// [b, s, h, d] rows. Few splits take a warp-per-row kernel (float4 over fp32 partials where
+// d % 4 == 0 and d <= 256, else scalar), many (>= 8, d <= 256) the CTA-per-row one (float4 loads
+// where d % 4 == 0, else scalar).
 void check_combine_matches_host(int S, int b, int s, int h, int d) {
   SCOPED_TRACE("splits " + std::to_string(S) + " headdim " + std::to_string(d));
   std::mt19937_64 rng(fresh_seed());
@@ -376,7 +377,15 @@ void check_combine_matches_host(int S, int b, int s, int h, int d) {
 TEST(GpuCombine, MatchesHostCombine) {
   std::string why;
   if (!have_gpu_path(FLASHATTN_BACKEND_SM80, &why)) GTEST_SKIP() << why;
-  check_combine_matches_host(5, 2, 7, 3, 40);    // warp per row
+  check_combine_matches_host(5, 2, 7, 3, 40);    // warp per row, 4 columns a lane (lanes past d idle)
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(2, 8, 3, 5, 128);   // 2 splits over many rows (a batch's decode step)
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(7, 1, 2, 3, 256);   // the vector warp kernel's two passes, its most splits
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(1, 2, 2, 2, 64);    // one split
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(3, 1, 2, 2, 42);    // warp per row, scalar (d % 4 != 0)
   if (HasFatalFailure()) return;
   check_combine_matches_host(8, 1, 3, 2, 64);    // CTA per row from 8 splits
   if (HasFatalFailure()) return;
