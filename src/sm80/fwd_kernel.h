@@ -119,12 +119,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   // cost that kernel 20% (prefill, H100). Not in the decode tile: its 4 CTAs per SM hide that
   // latency, and the lookahead's registers made it spill under its 128-register cap.
   static_assert(!kPageLookahead || kKvCache);
-  // kKvOverlap (the KV-cache decode tile): K[n-1] is requested as soon as S = Q K[n]^T is done and
-  // V[n-1] as soon as O += P V[n] is, so a K and a V tile are in flight at once; the other
-  // tiles request V[n] when K[n] lands and K[n-1] when V[n] does, one tile at a time. A decode
-  // CTA streams a few blocks and computes little on each: with one tile in flight its loads were
-  // a chain of round trips (two per block), which dominated the short, small decode steps.
-  constexpr bool kKvOverlap = kKvCache && kBlockM <= 32;
   int* s_pages = kPageLookahead ? reinterpret_cast<int*>(smem_ + Kt::kSmemSize) : nullptr;  // [2][kBlockN]
   static_assert(!kKvCache || Kt::kNThreads >= kBlockN, "a thread per row of a key block");
   auto page_of_key = [&](int j) {  // thread tidx's row of key block n (its block-table entry; -1: no row)
@@ -276,10 +270,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
     copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   }
   cute::cp_async_fence();
-  if constexpr (kKvOverlap) {
-    gather_rows(gmem_tiled_copy, v_row, n_last * kBlockN, tVsV, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
-    cute::cp_async_fence();
-  }
 
   clear(acc_o);
   OnlineSoftmaxRow row_state[kRows];
@@ -304,8 +294,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      // Overlap: one group (V[n]) may still be in flight. Commit order: K[n], V[n], K[n-1], V[n-1].
-      cute::cp_async_wait<kKvOverlap ? 1 : 0>();
+      cute::cp_async_wait<0>();
       __syncthreads();  // K[n] landed; every warp is done with V[n+1]
       // Paged: block n-1's pages, read now and stored to smem after the S GEMM (buffer (n-1) & 1,
       // last read by the gathers of block n+1, before this barrier).
@@ -313,28 +302,18 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       if constexpr (kPageLookahead) {
         if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
       }
-      if constexpr (kKvOverlap) {
-        // V[n] was requested with K[n] (prologue) or after O += P V[n+1].
-      } else if constexpr (kKvCache) {
+      if constexpr (kKvCache) {
         gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
-        cute::cp_async_fence();
       } else if (n_block == n_last) {  // the only block that can end past the sequence
         copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
       } else {
         copy_full_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, d, all_cols);
       }
-      if constexpr (!kKvCache) {
-        cute::cp_async_fence();
-        tVgV.data() = tVgV.data() + (-kBlockN * vs);
-      }
+      cute::cp_async_fence();
+      tVgV.data() = tVgV.data() + (-kBlockN * vs);
 
       gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
               smem_thr_copy_K);
-      if constexpr (kKvOverlap) {
-        __syncthreads();  // every warp is done with K[n]
-        if (n_block > n_begin) gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
-        cute::cp_async_fence();  // (empty on the last block: the group count stays uniform)
-      }
 
       Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       if constexpr (kSoftcap) {
@@ -376,9 +355,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       if constexpr (kPageLookahead) {
         if (tidx < kBlockN && n_block > n_begin) s_pages[(n_block - 1) % 2 * kBlockN + tidx] = next_page;
       }
-      cute::cp_async_wait<kKvOverlap ? 1 : 0>();  // overlap: K[n-1] may still be in flight
+      cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
-      if (!kKvOverlap && n_block > n_begin) {  // K[n - 1]: a whole block
+      if (n_block > n_begin) {  // K[n - 1]: a whole block
         if constexpr (kKvCache) {
           gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
         } else {
@@ -452,11 +431,6 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       } else {
         Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
-      }
-      if constexpr (kKvOverlap) {
-        __syncthreads();  // every warp is done with V[n]
-        if (n_block > n_begin) gather_rows(gmem_tiled_copy, v_row, n0 - kBlockN, tVsV, tKVcKV, kBlockN, d);
-        cute::cp_async_fence();
       }
     }
   };
