@@ -7,7 +7,9 @@
 //    are 8 columns apart (kPaired: WGMMA, or mma.sync with one warp across the keys), else one
 //    per quad (half the unit's numbers unused);
 //  - rows are keys (S^T, the sm90 backward): a quad spans two query rows (j, j+1 as queries),
-//    each in a different unit, so two Philox per pair of quads (kPaired) or per quad.
+//    each in a different unit, so two Philox per quad; paired (WGMMA), the lane holding the
+//    neighbouring keys needs the same two units: each of the two lanes draws one and they swap
+//    halves (a shuffle), one Philox per pair of quads.
 // The unit comes from a quad's first entry; the lanes from the layout above. The GPU tests
 // compare against the oracle, which draws every entry on its own (Dropout::keep).
 #pragma once
@@ -77,6 +79,27 @@ struct DropoutMask {
               const int lane = rr * 4 + (kPaired ? qo : ((j >> 3) & 1)) * 2 + pp;
               bits |= uint32_t(r16(x, lane) >= mods.dropout_threshold) << ((rr * kGroupQuads + qo) * 2 + pp);
             }
+      } else if constexpr (kPaired) {
+        // WGMMA's S^T: lane L ^ 4 holds the same queries at the other key of each even/odd key
+        // pair, so the two lanes need the same two units (queries q and q + 1). Each draws one of
+        // them (the one at its own key parity) and hands the other lane that lane's half: one
+        // Philox per 8 entries, as the forward, instead of two.
+        const int par = (row0 + get<0>(coord(2 * m, 2 * quad0))) & 1;  // this lane's key parity
+        const int key = row0 + get<0>(coord(2 * m, 2 * quad0 + par));
+        const int query = col0 + get<1>(coord(2 * m, 2 * quad0 + par));
+        const Philox4 x = Dropout::unit_bits(mods.seed, mods.stream, Dropout::unit_row(query), Dropout::unit_col(key));
+        uint32_t other = 0u;  // the partner lane's bits of this unit (its keys: parity par ^ 1)
+#pragma unroll
+        for (int qo = 0; qo < kGroupQuads; ++qo)
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            // The quads are queries q and q + 8 of one unit; keys k, k + 8 are its rows.
+            const int lane = qo * 4 + rr * 2;
+            const int pos = (par * kGroupQuads + qo) * 2 + rr;
+            bits |= uint32_t(r16(x, lane + par) >= mods.dropout_threshold) << pos;
+            other |= uint32_t(r16(x, lane + (par ^ 1)) >= mods.dropout_threshold) << pos;
+          }
+        bits |= __shfl_xor_sync(0xffffffffu, other, 4);  // the partner's draw: column par ^ 1 of the quads
       } else {
 #pragma unroll
         for (int pp = 0; pp < 2; ++pp) {
@@ -88,8 +111,7 @@ struct DropoutMask {
           for (int qo = 0; qo < kGroupQuads; ++qo)
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
-              // Paired: the quads are queries q and q + 8 of one unit; keys k, k + 8 are its rows.
-              const int lane = (kPaired ? qo : ((query >> 3) & 1)) * 4 + rr * 2 + (key & 1);
+              const int lane = ((query >> 3) & 1) * 4 + rr * 2 + (key & 1);
               bits |= uint32_t(r16(x, lane) >= mods.dropout_threshold) << ((pp * kGroupQuads + qo) * 2 + rr);
             }
         }

@@ -339,14 +339,28 @@ struct BwdMainloop {
 
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor ds = make_tensor(tdPrdP.data(), s.layout());
-      // Four copies of the elementwise code, picked per step by uniform branches, so interior
-      // tiles pay for no mask and softcap-free calls for no tanh. ALiBi and dropout take the
-      // general (masked) copy.
+      // Five copies of the elementwise code, picked per step by uniform branches, so interior
+      // tiles pay for no mask and softcap-free calls for no tanh. Dropout takes the general
+      // (masked) copy; so does ALiBi where the tile straddles its diagonal or with softcap.
+      // Elsewhere ALiBi's |i + diag - j| has one sign over the tile, the bias splits into a
+      // query term (folded into the LSE once per column) and a key term: one add per score
+      // (alibi_fold; it was the general copy on every tile, 0.61-0.75 of the plain backward).
       const ScoreMods mods = ScoreMods::make(p.bwd, tf, w.seq, w.batch, q_head);
-      const bool masked = mods.any() || w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
-      auto elementwise = [&](auto masked_tag, auto softcap_tag) {
+      const int alibi_base = m_block * kBlockM + mods.alibi_diag - key0;  // i + diag - j at the tile's origin
+      int alibi_sign = 0;
+      if (mods.alibi() && !mods.dropout() && !(tf.softcap > 0.f)) {
+        if (alibi_base - (kBlockN - 1) >= 0) alibi_sign = 1;
+        else if (alibi_base + (kBlockM - 1) <= 0) alibi_sign = -1;
+      }
+      const bool masked = (mods.any() && alibi_sign == 0) ||
+                          w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
+      auto elementwise = [&](auto masked_tag, auto softcap_tag, auto alibi_fold_tag) {
         constexpr bool kGeneral = decltype(masked_tag)::value;
-        scores_to_p<kGeneral, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, mods, m_block, key0);
+        if constexpr (decltype(alibi_fold_tag)::value) {
+          scores_to_p_alibi_fold(s, lse, cS_rc, tf, mods, alibi_sign, alibi_base);
+        } else {
+          scores_to_p<kGeneral, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, mods, m_block, key0);
+        }
         // The keep bits, drawn while dP^T still runs: bit (r, c) of S^T's row/col view.
         DropoutMask<decltype(cS_rc), false, true> keep;
         if constexpr (kGeneral) {
@@ -363,11 +377,12 @@ struct BwdMainloop {
         }
       };
       if (tf.softcap > 0.f) {
-        if (masked) elementwise(cute::true_type{}, cute::true_type{});
-        else elementwise(cute::false_type{}, cute::true_type{});
+        if (masked) elementwise(cute::true_type{}, cute::true_type{}, cute::false_type{});
+        else elementwise(cute::false_type{}, cute::true_type{}, cute::false_type{});
       } else {
-        if (masked) elementwise(cute::true_type{}, cute::false_type{});
-        else elementwise(cute::false_type{}, cute::false_type{});
+        if (masked) elementwise(cute::true_type{}, cute::false_type{}, cute::false_type{});
+        else if (alibi_sign != 0) elementwise(cute::false_type{}, cute::false_type{}, cute::true_type{});
+        else elementwise(cute::false_type{}, cute::false_type{}, cute::false_type{});
       }
       Tensor rP = make_tensor<Element>(tSrS.layout());
       convert_fragment(tSrS, rP);
@@ -447,6 +462,26 @@ struct BwdMainloop {
       }
     }
     scores_to_p_capped<kMasked, kSoftcap>(s, lse, coord, w, tf, m_block, key0);
+  }
+  // S^T -> P^T with ALiBi on a tile where i + diag - j has one sign (no mask, no softcap):
+  //   bias * exp2_scale = -c e sign (base + dq) + c e sign dk,
+  // dq / dk the query / key offsets in the tile, base = i + diag - j at its origin: the query
+  // term joins -LSE once per column, the key term once per row; one add per score.
+  template <class TensorS, class TensorL, class TensorC>
+  __device__ static void scores_to_p_alibi_fold(TensorS& s, const TensorL& lse, const TensorC& coord,
+                                                const ScoreTransform& tf, const ScoreMods& mods, int sign, int base) {
+    using namespace cute;
+    const float ce = mods.alibi_coef * tf.exp2_scale * float(sign);
+    constexpr int kRows = decltype(size<0>(s))::value;
+    float key_term[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) key_term[r] = ce * float(get<0>(coord(r, 0)));
+#pragma unroll
+    for (int c = 0; c < size<1>(s); ++c) {
+      const float col_term = -lse(c) - ce * float(base + get<1>(coord(0, c)));
+#pragma unroll
+      for (int r = 0; r < size<0>(s); ++r) s(r, c) = exp2f(fmaf(s(r, c), tf.exp2_scale, col_term + key_term[r]));
+    }
   }
   template <bool kMasked, bool kSoftcap = false, class TensorS, class TensorL, class TensorC>
   __device__ static void scores_to_p_capped(TensorS& s, const TensorL& lse, const TensorC& coord, const BwdWork& w,

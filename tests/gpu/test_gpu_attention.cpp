@@ -646,6 +646,17 @@ std::vector<GridCase> score_mod_cases() {
     c.alibi_slopes = alibi_standard_slopes(2);
     v.push_back({"alibi_varlen_hdim80_softcap", c});
   }
+  {  // non-causal, no window: whole tiles on both sides of ALiBi's diagonal (the sm90 backward's
+     // separable bias, both signs) beside straddling ones
+    Case c = base(128, B16, 1, 1031, 2053, 2, 2);
+    c.alibi_slopes = alibi_standard_slopes(2);
+    v.push_back({"alibi_hdim128_noncausal_long_keys", c});
+  }
+  {
+    Case c = base(64, F16, 2, 2053, 777, 4, 2);  // seqlen_q > seqlen_k: a negative diagonal offset
+    c.alibi_slopes = large_slopes(4);
+    v.push_back({"alibi_hdim64_noncausal_long_queries", c});
+  }
   {
     Case c = base(64, B16, 1, 1031, 1031, 2, 1);
     c.causal = true;
