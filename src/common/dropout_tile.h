@@ -88,18 +88,19 @@ struct DropoutMask {
         const int key = row0 + get<0>(coord(2 * m, 2 * quad0 + par));
         const int query = col0 + get<1>(coord(2 * m, 2 * quad0 + par));
         const Philox4 x = Dropout::unit_bits(mods.seed, mods.stream, Dropout::unit_row(query), Dropout::unit_col(key));
-        uint32_t other = 0u;  // the partner lane's bits of this unit (its keys: parity par ^ 1)
+        // Unit lane qo * 4 + rr * 2 + key parity is the low (parity 0) or high half of word
+        // qo * 2 + rr (the quads are queries q and q + 8 of the unit; keys k, k + 8 its rows).
+        uint32_t lo = 0u, hi = 0u;
 #pragma unroll
-        for (int qo = 0; qo < kGroupQuads; ++qo)
-#pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            // The quads are queries q and q + 8 of one unit; keys k, k + 8 are its rows.
-            const int lane = qo * 4 + rr * 2;
-            const int pos = (par * kGroupQuads + qo) * 2 + rr;
-            bits |= uint32_t(r16(x, lane + par) >= mods.dropout_threshold) << pos;
-            other |= uint32_t(r16(x, lane + (par ^ 1)) >= mods.dropout_threshold) << pos;
-          }
-        bits |= __shfl_xor_sync(0xffffffffu, other, 4);  // the partner's draw: column par ^ 1 of the quads
+        for (int wi = 0; wi < 2 * kGroupQuads; ++wi) {
+          lo |= uint32_t((x.x[wi] & 0xffffu) >= mods.dropout_threshold) << wi;
+          hi |= uint32_t((x.x[wi] >> 16) >= mods.dropout_threshold) << wi;
+        }
+        // This lane's bits sit at column par of the quads (positions (par * kGroupQuads + qo) * 2
+        // + rr); the partner's (parity par ^ 1) half goes to it, at the same positions.
+        const int shift = par * kGroupQuads * 2;
+        bits = (par ? hi : lo) << shift;
+        bits |= __shfl_xor_sync(0xffffffffu, (par ? lo : hi) << shift, 4);  // the partner's draw: column par ^ 1
       } else {
 #pragma unroll
         for (int pp = 0; pp < 2; ++pp) {

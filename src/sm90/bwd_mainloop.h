@@ -18,6 +18,8 @@
 // reduction (and are deterministic by construction).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
@@ -75,6 +77,8 @@ template <class Traits>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  // Which copy of a step's elementwise code runs (mma(): per step, uniform over the CTA).
+  enum class StepKind { kPlain, kGeneral, kAlibiFold, kDropout };
   static constexpr int kStages = Traits::kStages, kNumMmaWG = Traits::kNumMmaWG;
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;  // Q + LSE, and dO + D: one state for both
   using PipelineState = cutlass::PipelineState<kStages>;
@@ -339,50 +343,65 @@ struct BwdMainloop {
 
       Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
       Tensor ds = make_tensor(tdPrdP.data(), s.layout());
-      // Five copies of the elementwise code, picked per step by uniform branches, so interior
-      // tiles pay for no mask and softcap-free calls for no tanh. Dropout takes the general
-      // (masked) copy; so does ALiBi where the tile straddles its diagonal or with softcap.
-      // Elsewhere ALiBi's |i + diag - j| has one sign over the tile, the bias splits into a
-      // query term (folded into the LSE once per column) and a key term: one add per score
-      // (alibi_fold; it was the general copy on every tile, 0.61-0.75 of the plain backward).
+      // Copies of the elementwise code, picked per step by uniform branches (StepKind), so
+      // interior tiles pay for no mask and softcap-free calls for no tanh. The general copy
+      // takes masked tiles and whatever the others do not: ALiBi straddling its diagonal or with
+      // softcap, dropout with ALiBi or softcap. Elsewhere:
+      //  - ALiBi: |i + diag - j| has one sign over the tile, so the bias splits into a query term
+      //    (folded into the LSE once per column) and a key term, one add per score. It was the
+      //    general copy on every tile: 0.61-0.75 of the plain backward.
+      //  - dropout: the keep bits without the mask's per-score tests.
       const ScoreMods mods = ScoreMods::make(p.bwd, tf, w.seq, w.batch, q_head);
       const int alibi_base = m_block * kBlockM + mods.alibi_diag - key0;  // i + diag - j at the tile's origin
-      int alibi_sign = 0;
-      if (mods.alibi() && !mods.dropout() && !(tf.softcap > 0.f)) {
-        if (alibi_base - (kBlockN - 1) >= 0) alibi_sign = 1;
-        else if (alibi_base + (kBlockM - 1) <= 0) alibi_sign = -1;
+      const bool softcap = tf.softcap > 0.f;
+      StepKind kind = StepKind::kPlain;
+      if (w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN)) {
+        kind = StepKind::kGeneral;
+      } else if (mods.dropout()) {
+        kind = mods.alibi() || softcap ? StepKind::kGeneral : StepKind::kDropout;
+      } else if (mods.alibi()) {
+        const bool one_side = alibi_base - (kBlockN - 1) >= 0 || alibi_base + (kBlockM - 1) <= 0;
+        kind = one_side && !softcap ? StepKind::kAlibiFold : StepKind::kGeneral;
       }
-      const bool masked = (mods.any() && alibi_sign == 0) ||
-                          w.mask.tile_needs_mask(m_block * kBlockM, kBlockM, key0, kBlockN);
-      auto elementwise = [&](auto masked_tag, auto softcap_tag, auto alibi_fold_tag) {
-        constexpr bool kGeneral = decltype(masked_tag)::value;
-        if constexpr (decltype(alibi_fold_tag)::value) {
-          scores_to_p_alibi_fold(s, lse, cS_rc, tf, mods, alibi_sign, alibi_base);
+      auto elementwise = [&](auto kind_tag, auto softcap_tag) {
+        constexpr StepKind kKind = decltype(kind_tag)::value;
+        constexpr bool kSoftcap = decltype(softcap_tag)::value;
+        if constexpr (kKind == StepKind::kAlibiFold) {
+          scores_to_p_alibi_fold(s, lse, cS_rc, tf, mods, alibi_base >= 0 ? 1 : -1, alibi_base);
         } else {
-          scores_to_p<kGeneral, decltype(softcap_tag)::value>(s, lse, cS_rc, w, tf, mods, m_block, key0);
+          scores_to_p<kKind == StepKind::kGeneral, kSoftcap>(s, lse, cS_rc, w, tf, mods, m_block, key0);
         }
         // The keep bits, drawn while dP^T still runs: bit (r, c) of S^T's row/col view.
         DropoutMask<decltype(cS_rc), false, true> keep;
-        if constexpr (kGeneral) {
+        if constexpr (kKind == StepKind::kGeneral) {
           if (mods.dropout()) keep.generate(cS_rc, key0, m_block * kBlockM, mods);
+        } else if constexpr (kKind == StepKind::kDropout) {
+          keep.generate(cS_rc, key0, m_block * kBlockM, mods);
         }
         Tensor dsum = tDsD(_, stage);
         warpgroup_wait<0>();  // dP^T ready
         warpgroup_fence_operand(tdPrdP);
-        if constexpr (kGeneral) {
-          dp_to_ds_general<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf, mods, keep, cS_rc, key0,
-                                                         m_block * kBlockM, p.bwd.dropout.scale);
+        if constexpr (kKind == StepKind::kGeneral) {
+          dp_to_ds_general<kSoftcap>(s, ds, lse, dsum, tf, mods, keep, cS_rc, key0, m_block * kBlockM,
+                                     p.bwd.dropout.scale);
+        } else if constexpr (kKind == StepKind::kDropout) {
+          dp_to_ds_dropout(s, ds, dsum, keep, p.bwd.dropout.scale);
         } else {
-          dp_to_ds<decltype(softcap_tag)::value>(s, ds, lse, dsum, tf);
+          dp_to_ds<kSoftcap>(s, ds, lse, dsum, tf);
         }
       };
-      if (tf.softcap > 0.f) {
-        if (masked) elementwise(cute::true_type{}, cute::true_type{}, cute::false_type{});
-        else elementwise(cute::false_type{}, cute::true_type{}, cute::false_type{});
+      using Kind = StepKind;
+      if (softcap) {  // kind is kPlain or kGeneral
+        if (kind == Kind::kGeneral) elementwise(std::integral_constant<Kind, Kind::kGeneral>{}, cute::true_type{});
+        else elementwise(std::integral_constant<Kind, Kind::kPlain>{}, cute::true_type{});
+      } else if (kind == Kind::kGeneral) {
+        elementwise(std::integral_constant<Kind, Kind::kGeneral>{}, cute::false_type{});
+      } else if (kind == Kind::kAlibiFold) {
+        elementwise(std::integral_constant<Kind, Kind::kAlibiFold>{}, cute::false_type{});
+      } else if (kind == Kind::kDropout) {
+        elementwise(std::integral_constant<Kind, Kind::kDropout>{}, cute::false_type{});
       } else {
-        if (masked) elementwise(cute::true_type{}, cute::false_type{}, cute::false_type{});
-        else if (alibi_sign != 0) elementwise(cute::false_type{}, cute::false_type{}, cute::true_type{});
-        else elementwise(cute::false_type{}, cute::false_type{}, cute::false_type{});
+        elementwise(std::integral_constant<Kind, Kind::kPlain>{}, cute::false_type{});
       }
       Tensor rP = make_tensor<Element>(tSrS.layout());
       convert_fragment(tSrS, rP);
@@ -553,6 +572,23 @@ struct BwdMainloop {
           v = p(r, c) == 0.f ? 0.f : v * tf.dtanh_factor(capped);
         }
         ds(r, c) = v;
+        if (!kept) p(r, c) = 0.f;
+      }
+    }
+  }
+
+  // dp_to_ds_general for dropout alone (no ALiBi, no softcap): dS^T = P^T (keep * scale * dP^T - D);
+  // P^T keeps the kept entries for dV.
+  template <class TensorS, class TensorD, class Keep>
+  __device__ static void dp_to_ds_dropout(TensorS& p, TensorS& ds, const TensorD& dsum, const Keep& keep,
+                                          float dropout_scale) {
+    using namespace cute;
+#pragma unroll
+    for (int c = 0; c < size<1>(p); ++c) {
+#pragma unroll
+      for (int r = 0; r < size<0>(p); ++r) {
+        const bool kept = keep.keep(r, c);
+        ds(r, c) = p(r, c) * ((kept ? ds(r, c) * dropout_scale : 0.f) - dsum(c));
         if (!kept) p(r, c) = 0.f;
       }
     }
