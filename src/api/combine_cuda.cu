@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
   }
 }
 
-// Few splits over fp32 partials with 16-byte aligned rows (split-KV's own, e.g. 2-7 splits over a
+// Few splits over fp32 partials with 16-byte aligned rows (split-KV's own, e.g. 2-8 splits over a
 // batch of decode rows): a warp per row, each lane 4 columns per pass. Every partial row of the
 // lane's columns is loaded before the LSE reduction, so the step costs one round trip of latency
 // rather than the scalar kernel's one per split (6 µs for 1024 rows x 2 splits on an H100).
@@ -287,7 +287,10 @@ flashattn_status combine(const CombineParams& p, void* stream) {
               reinterpret_cast<uintptr_t>(p.o_partial) % 16 == 0;
   for (int k = 0; k < 4; ++k) vec4 = vec4 && p.o_partial_stride[k] % 4 == 0;
   static_assert(kVecMaxSplits >= kMinSplitsPerRowKernel - 1, "every split count has a vector kernel");
-  if (p.num_splits >= kMinSplitsPerRowKernel && p.num_splits <= kMaxSplitsPerRowKernel &&
+  // The vector warp kernel up to its 8 splits (8 splits x 512 rows, a b 8 decode step with 64
+  // query heads: a warp per row beats a 256-thread CTA per row, most of whose threads idle).
+  const bool warp_vec4 = vec4 && p.num_splits <= kVecMaxSplits && p.headdim <= kVecMaxHeadDim;
+  if (!warp_vec4 && p.num_splits >= kMinSplitsPerRowKernel && p.num_splits <= kMaxSplitsPerRowKernel &&
       p.headdim <= kMaxRowKernelHeadDim) {
     const unsigned grid = unsigned(rows < max_grid ? rows : max_grid);
     const size_t smem = size_t(p.num_splits) * sizeof(float);
@@ -299,7 +302,7 @@ flashattn_status combine(const CombineParams& p, void* stream) {
   } else {
     const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const unsigned grid = unsigned(blocks < max_grid ? blocks : max_grid);
-    if (vec4 && p.num_splits <= kVecMaxSplits && p.headdim <= kVecMaxHeadDim) {
+    if (warp_vec4) {
       combine_warp_vec4_kernel<<<grid, 32 * kWarpsPerBlock, 0, st>>>(p);
     } else {
       combine_kernel<<<grid, 32 * kWarpsPerBlock, 0, st>>>(p);

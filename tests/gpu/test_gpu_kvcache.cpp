@@ -308,9 +308,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, GpuKvCache,
 
 // The CUDA combine kernels equal the host combine (to fp32 rounding) on random partial results
 // with empty splits (-inf LSEs, NaN partial outputs that must not be read): S splits of
-// [b, s, h, d] rows. Few splits take a warp-per-row kernel (float4 over fp32 partials where
-// d % 4 == 0 and d <= 256, else scalar), many (>= 8, d <= 256) the CTA-per-row one (float4 loads
-// where d % 4 == 0, else scalar).
+// [b, s, h, d] rows. Up to 8 splits over fp32 partials with d % 4 == 0 and d <= 256 take the
+// float4 warp-per-row kernel; otherwise >= 8 splits (d <= 256) the CTA-per-row one (float4 loads
+// where d % 4 == 0, else scalar), fewer the scalar warp-per-row one.
 // S >= 2 (splits 0 and 1 hold the empty rows of batch 0).
 void check_combine_matches_host(int S, int b, int s, int h, int d) {
   SCOPED_TRACE("splits " + std::to_string(S) + " headdim " + std::to_string(d));
@@ -386,7 +386,11 @@ TEST(GpuCombine, MatchesHostCombine) {
   if (HasFatalFailure()) return;
   check_combine_matches_host(3, 1, 2, 2, 42);    // warp per row, scalar (d % 4 != 0)
   if (HasFatalFailure()) return;
-  check_combine_matches_host(8, 1, 3, 2, 64);    // CTA per row from 8 splits
+  check_combine_matches_host(8, 1, 3, 2, 64);    // the vector warp kernel's most splits
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(9, 1, 3, 2, 64);    // CTA per row from 9 splits (float4)
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(8, 1, 3, 2, 42);    // CTA per row from 8 splits (scalar: d % 4 != 0)
   if (HasFatalFailure()) return;
   check_combine_matches_host(57, 1, 1, 32, 128);  // a decode step's split-KV
   if (HasFatalFailure()) return;
