@@ -1,12 +1,15 @@
 // The CUDA combine of partial attention results (common/combine_params.h): flashattn_combine on
 // device tensors, and the GPU paths' split-KV, which launch it on their fp32 partials.
-// Two kernels, one semantics. Many splits (decode's split-KV: 16-128 of them over a few rows):
-// a CTA per (batch, row, head) whose threads split the columns and the splits between them (a
-// warp walking 57 splits in turn took 74 µs for a 32-row decode step). Few splits: one warp per
-// row (lanes over columns; with fp32 partials, 4 columns a lane and every split's row loaded
-// before the LSE reduction). Either way the LSEs are reduced first (max, then the sum of exp), each output column
-// accumulates w_s / sum * O_s in fp32, splits whose LSE is -inf weigh 0 and their partial output
-// is not read, and a NaN or +inf LSE makes the row NaN (as the host path).
+// Three kernels, one semantics:
+//  - many splits (decode's split-KV: 16-128 of them over a few rows): a CTA per (batch, row,
+//    head) whose threads split the columns and the splits between them (a warp walking 57
+//    splits in turn took 74 µs for a 32-row decode step);
+//  - up to 8 splits over fp32 partials with aligned rows: a warp per row, 4 columns a lane, every
+//    split's row loaded before the LSE reduction;
+//  - otherwise a warp per row, lanes over columns (any dtype, scalar loads).
+// In each the LSEs are reduced first (max, then the sum of exp), each output column accumulates
+// w_s / sum * O_s in fp32, splits whose LSE is -inf weigh 0 and their partial output is not
+// used, and a NaN or +inf LSE makes the row NaN (as the host path).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_warp_vec4_kernel(
 // took 12 µs for 64 splits of a 32-row step on an H100.)
 constexpr int kRowThreads = 256;
 constexpr int kPrefetch = 4;
-constexpr int kMinSplitsPerRowKernel = 8;        // below, the warp kernel's one warp per row
+constexpr int kMinSplitsPerRowKernel = 8;        // below (or up to 8 with float4 rows), a warp per row
 constexpr int kMaxSplitsPerRowKernel = 8192;     // the weights live in 32 KB of dynamic smem
 constexpr int kMaxRowKernelHeadDim = 256;
 
