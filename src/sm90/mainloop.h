@@ -232,11 +232,43 @@ struct Mainloop {
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
     Tensor cS = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-    if (w.mods.alibi()) alibi_apply<true>(s, cS, row0, col0, w.mods);
+    constexpr int kRows = decltype(size<0>(s))::value;
+    float row_add[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row_add[r] = 0.f;
+    if (w.mods.alibi()) {
+      // Where i + diag - j has one sign over the tile, ALiBi's bias is a key term (one FFMA per
+      // score, its column offset an immediate) plus a query term the softmax adds per row; the
+      // other tiles add -coef |i + diag - j| per score (two operations).
+      const int base = row0 + w.mods.alibi_diag - col0;  // i + diag - j at the tile's origin
+      if (base - (kBlockN - 1) >= 0 || base + (kBlockM - 1) <= 0) {
+        alibi_fold(s, cS, base >= 0 ? 1.f : -1.f, base, w.mods, row_add);
+      } else {
+        alibi_apply<true>(s, cS, row0, col0, w.mods);
+      }
+    }
     // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
     // varlen sequence) and the epilogue never stores them.
     if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
-    rescale_o = sm.step(s, scale);
+    rescale_o = sm.step(s, scale, row_add);
+  }
+
+  // ALiBi on a tile where t = i + diag - j = base + dq - dk has one sign: -coef |t| =
+  // coef sign dk - coef sign (base + dq). With dk = dk0 + dc (dc this thread's column offset
+  // from its first column, a constant once unrolled) the score gets coef sign dc and row r the
+  // rest, coef sign (dk0 - base - dq_r).
+  template <class TensorS, class TensorC, int kRows>
+  __device__ static void alibi_fold(TensorS& s, const TensorC& cS, float sign, int base, const ScoreMods& mods,
+                                    float (&row_add)[kRows]) {
+    using namespace cute;
+    const float ce = mods.alibi_coef * sign;
+    const int dk0 = get<1>(cS(0, 0));
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_add[r] = ce * float(dk0 - base - get<0>(cS(r, 0)));
+#pragma unroll
+      for (int c = 0; c < size<1>(s); ++c) s(r, c) = fmaf(ce, float(get<1>(cS(0, c)) - dk0), s(r, c));
+    }
   }
 
   // P_j (fp32) -> the 16-bit A operand of P V, dropped entries zeroed there: after the

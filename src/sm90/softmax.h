@@ -75,18 +75,20 @@ struct WarpgroupSoftmax {
   // P <= 2^8, and after the first block or two scale is 1 for every row, so the O rescale can
   // be skipped. Returns whether any row of this warp needs its O rescaled (warp-uniform;
   // always true without kLazyMax, so the caller's test folds away).
+  // row_add[r]: a term of every score of row r that S leaves out (ALiBi's query term on a tile
+  // where it is separable, mainloop.h); 0 elsewhere, which gives exactly the plain results.
   template <class TensorS>
-  __device__ bool step(TensorS& s, float (&scale)[kRows]) {
+  __device__ bool step(TensorS& s, float (&scale)[kRows], const float (&row_add)[kRows]) {
     static_assert(decltype(cute::size<0>(s))::value == kRows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float mx = -INFINITY;
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
-      mx = quad_max(mx);
+      mx = quad_max(mx) + row_add[r];
       scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
                           : row[r].update_max(mx * tf.exp2_scale);
-      const float neg_off = -row[r].exp_offset();
+      const float neg_off = fmaf(row_add[r], tf.exp2_scale, -row[r].exp_offset());
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) {
