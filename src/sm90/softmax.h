@@ -85,7 +85,9 @@ struct WarpgroupSoftmax {
       float mx = -INFINITY;
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) mx = fmaxf(mx, s(r, c));
-      mx = quad_max(mx) + row_add[r];
+      // row_add differs between the quad's lanes (it holds each lane's own column offset), so
+      // it joins before the quad max: the lanes then agree on the row's max.
+      mx = quad_max(mx + row_add[r]);
       scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
                           : row[r].update_max(mx * tf.exp2_scale);
       const float neg_off = fmaf(row_add[r], tf.exp2_scale, -row[r].exp_offset());
