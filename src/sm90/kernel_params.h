@@ -25,8 +25,9 @@ using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 // A dimension of extent 1 is never stepped over, and the API only validates the strides of
-// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
-inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
+// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there: 16 elements, for
+// 1-byte (FP8) elements too.
+inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 16 : stride; }
 
 // The extents TMA sees for a forward or backward problem (varlen: the packed rows, one batch).
 struct TmaExtents {
