@@ -69,9 +69,10 @@ struct Traits {
   // FP8: warps 1-3 of the producer warpgroup transpose V (producer.h).
   static constexpr bool kTransposeV = kFp8;
   static constexpr int kNumTransposeThreads = kTransposeV ? 96 : 0;
-  // setmaxnreg budget: 128 * (producer + kNumMmaWG * consumer) <= 64K registers. The V
-  // transpose needs more than the TMA thread's 24.
-  static constexpr int kProducerRegs = kNumMmaWG == 2 ? (kTransposeV ? 32 : 24) : 32;
+  // setmaxnreg budget: 128 * (producer + kNumMmaWG * consumer) must not exceed what the CTA was
+  // launched with (384 threads x 168 registers): an increase beyond it waits forever. The V
+  // transpose (FP8) fits the TMA thread's 24 too.
+  static constexpr int kProducerRegs = kNumMmaWG == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kNumMmaWG == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0, "WGMMA tile constraints");
   static_assert(kNumMmaWG == 2 || kNumMmaWG == 3, "pingpong barriers exist for 2 or 3 warpgroups");
