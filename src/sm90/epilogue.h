@@ -31,15 +31,15 @@ template <class Traits>
 struct OStaging {
   static constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim, kNumMmaWG = Traits::kNumMmaWG;
   using SmemLayoutO = decltype(cute::tile_to_shape(
-      typename Traits::SmemAtom{}, cute::Shape<cute::_64, cute::Int<kD>, cute::Int<kNumMmaWG>>{}));
+      typename Traits::SmemAtomO{}, cute::Shape<cute::_64, cute::Int<kD>, cute::Int<kNumMmaWG>>{}));
   // The same bytes as the (kBlockM, head dim) tile that the PV accumulator partitions.
   using SmemLayoutOTile = decltype(cute::composition(
       SmemLayoutO{},
       cute::make_layout(cute::Shape<cute::Shape<cute::_64, cute::Int<kNumMmaWG>>, cute::Int<kD>>{},
                         cute::Stride<cute::Stride<cute::_1, cute::Int<64 * kD>>, cute::_64>{})));
-  static constexpr int kBytesO = kBlockM * kD * int(sizeof(typename Traits::Element));
+  static constexpr int kBytesO = kBlockM * kD * int(sizeof(typename Traits::ElementOut));
   static constexpr bool kTmaStoreO =
-      Traits::kStagesQ * Traits::kBytesQ + 2 * Traits::kStages * Traits::kBytesKV + kBytesO <= Traits::kSmemLimit;
+      Traits::kStagesQ * Traits::kBytesQ + Traits::kBytesKVStages + kBytesO <= Traits::kSmemLimit;
 };
 
 // O's TMA store, one consumer warpgroup's 64 x head-dim slice: the one place it is written;
@@ -53,7 +53,7 @@ auto make_tma_store_o(const GmemTensor& g) {
 
 template <class Traits>
 struct Epilogue {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::ElementOut;  // O's type (16-bit; FP8 inputs write 16-bit too)
   using Staging = OStaging<Traits>;
   static constexpr int kBlockM = Traits::kBlockM, kD = Traits::kHeadDim;
   static constexpr bool kTmaStoreO = Staging::kTmaStoreO;
@@ -87,7 +87,7 @@ struct Epilogue {
 
   template <class TensorO, class Softmax>
   __device__ static void store(const Params& ep, const FwdParams& p, SharedStorage& ss, const TileCoord& t,
-                               const TileWork& w, TensorO& tOrO, Softmax& sm, int mma_tidx) {
+                               const TileWork& w, TensorO& tOrO, Softmax& sm, float o_scale, int mma_tidx) {
     using namespace cute;
     constexpr int kRows = sizeof(sm.row) / sizeof(sm.row[0]);
     float inv[kRows], lse[kRows];
@@ -95,6 +95,10 @@ struct Epilogue {
     if (w.mods.dropout()) {  // kept entries of P are 1 / keep probability (common/dropout.h)
 #pragma unroll
       for (int r = 0; r < kRows; ++r) inv[r] *= p.dropout.scale;
+    }
+    if constexpr (Traits::kFp8) {  // the last V block's scale (mainloop.h o_scale)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) inv[r] *= o_scale;
     }
     Tensor o = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     rescale_rows(o, inv);

@@ -10,7 +10,8 @@
 // production kernel has both; only the ablation builds instantiate the others.
 // This file only composes and coordinates. Each stage owns its shared memory, its parameters
 // and the host function that builds them (to_params):
-//   mainloop  (producer.h + mainloop.h): Q, K, V buffers, their pipelines, the Q/K/V TMA loads;
+//   mainloop  (producer.h + mainloop.h): Q, K, V buffers, their pipelines, the Q/K/V TMA loads
+//             (FP8: and V's transposed copy, written by warps 1-3 of warpgroup 0);
 //   epilogue  (epilogue.h): O's staging buffer and its TMA store;
 //   scheduler (tile_scheduler.h): the tile order and the producer -> consumers tile queue.
 #pragma once
@@ -48,26 +49,26 @@ struct SharedStorage {
   TileScheduler::SharedStorage scheduler;                  // the tile queue
 };
 
-template <class Traits, class Sched = Schedule<>>
-__global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> p) {
+// The roles, once the pipelines exist (pipe_v_read: what the consumers read V through, pipe_v
+// itself or, for FP8, the transposed copy's pipeline pipe_vt).
+template <class Traits, class Sched, class PipeVt, class PipeVRead>
+__device__ __forceinline__ void fwd_roles(const KernelParams<Traits>& p, SharedStorage<Traits>& ss,
+                                          typename Pipelines<Traits>::Q& pipe_q, typename Pipelines<Traits>::KV& pipe_k,
+                                          typename Pipelines<Traits>::KV& pipe_v, PipeVt& pipe_vt, PipeVRead& pipe_v_read) {
   using namespace cute;
-  using SS = SharedStorage<Traits>;
-  using P = Pipelines<Traits>;
-  extern __shared__ __align__(1024) char smem_raw[];
-  SS& ss = *reinterpret_cast<SS*>(smem_raw);
   const int wg = int(threadIdx.x) / 128;
-
-  if (threadIdx.x == 0) Producer<Traits>::prefetch_descriptors(p.mainloop);
-  auto pipe_q = P::template make<typename P::Q>(ss.pipelines.q, Traits::kBytesQ);
-  auto pipe_k = P::template make<typename P::KV>(ss.pipelines.k, Traits::kBytesKV);
-  auto pipe_v = P::template make<typename P::KV>(ss.pipelines.v, Traits::kBytesKV);
-  TileScheduler::init(ss.scheduler, Traits::kNumMmaThreads);
+  // The consumers and, for FP8, the V-transposing threads follow the producer's tiles.
+  TileScheduler::init(ss.scheduler, Traits::kNumMmaThreads + Traits::kNumTransposeThreads);
   __syncthreads();  // barriers initialized before anyone waits on them
   const TileScheduler sched(p.scheduler, ss.scheduler);
 
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0) Producer<Traits>::run(p.mainloop, p.fwd, sched, ss.mainloop, pipe_q, pipe_k, pipe_v);
+    if (threadIdx.x == 0) {
+      Producer<Traits>::run(p.mainloop, p.fwd, sched, ss.mainloop, pipe_q, pipe_k, pipe_v);
+    } else if constexpr (Traits::kTransposeV) {
+      if (threadIdx.x >= 32) VTransposer<Traits>::run(p.fwd, sched, ss.mainloop, pipe_v, pipe_vt, int(threadIdx.x) - 32);
+    }
     return;
   }
 
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
   ping.init();
   using Epi = Epilogue<Traits>;
   ML mainloop;  // carries the pipeline read state across tiles
-  const typename ML::Pipes pipes{pipe_q, pipe_k, pipe_v};
+  const typename ML::Pipes pipes{pipe_q, pipe_k, pipe_v_read};
   const ScoreTransform tf = ScoreTransform::make(p.fwd.mask.softmax_scale, p.fwd.mask.softcap);
 
   for (auto work = sched.get_initial_work<false>(); sched.is_valid(work); work = sched.get_next_work<false>(work)) {
@@ -90,9 +91,28 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __gri
     typename ML::Softmax sm;
     sm.init(tf);
     if (!w.empty()) mainloop.run(ss.mainloop, pipes, w, t.m_block, tOrO, sm, ping, mma_tidx);
-    Epi::store(p.epilogue, p.fwd, ss.epilogue, t, w, tOrO, sm, mma_tidx);
+    Epi::store(p.epilogue, p.fwd, ss.epilogue, t, w, tOrO, sm, w.empty() ? 1.f : mainloop.o_scale(), mma_tidx);
   }
   Epi::finish(mma_tidx);
+}
+
+template <class Traits, class Sched = Schedule<>>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1) fwd_kernel(const __grid_constant__ KernelParams<Traits> p) {
+  using SS = SharedStorage<Traits>;
+  using P = Pipelines<Traits>;
+  extern __shared__ __align__(1024) char smem_raw[];
+  SS& ss = *reinterpret_cast<SS*>(smem_raw);
+
+  if (threadIdx.x == 0) Producer<Traits>::prefetch_descriptors(p.mainloop);
+  auto pipe_q = P::template make<typename P::Q>(ss.pipelines.q, Traits::kBytesQ);
+  auto pipe_k = P::template make<typename P::KV>(ss.pipelines.k, Traits::kBytesKV);
+  auto pipe_v = P::make_v(ss.pipelines);
+  if constexpr (Traits::kTransposeV) {
+    auto pipe_vt = P::make_vt(ss.pipelines);
+    fwd_roles<Traits, Sched>(p, ss, pipe_q, pipe_k, pipe_v, pipe_vt, pipe_vt);
+  } else {
+    fwd_roles<Traits, Sched>(p, ss, pipe_q, pipe_k, pipe_v, pipe_v, pipe_v);
+  }
 }
 
 }  // namespace flashattn::sm90

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
+#include "common/fp8_scales.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/score_mods.h"
@@ -24,8 +25,9 @@ using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
 using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
 
 // A dimension of extent 1 is never stepped over, and the API only validates the strides of
-// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there.
-inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 8 : stride; }
+// dimensions longer than 1; give TMA a legal (16-byte multiple) stride there: 16 elements, for
+// 1-byte (FP8) elements too.
+inline int64_t tma_stride(int64_t extent, int64_t stride) { return extent <= 1 ? 16 : stride; }
 
 // The extents TMA sees for a forward or backward problem (varlen: the packed rows, one batch).
 struct TmaExtents {
@@ -64,6 +66,25 @@ inline const char* tma_broadcast_operand(std::initializer_list<TmaOperand> ops, 
 template <class Element>
 using TmaGmemTensor = decltype(tma_gmem_tensor(static_cast<Element*>(nullptr), 0, 0, 0, 0, RowStrides{}));
 
+// FP8: the scales of one (sequence, head): Q's of its query head, K's and V's of its KV head
+// (common/fp8_scales.h has the layout). The kernel reads one per warpgroup of query rows and
+// one per key tile (launch.cu checks that the block sizes make that exact).
+struct Fp8TileScales {
+  const float* q;
+  const float* k;
+  const float* v;
+  int q_block, k_block;  // rows per scale block
+  __device__ float q_at(int row) const { return q[row / q_block]; }
+  __device__ float k_at(int key) const { return k[key / k_block]; }
+  __device__ float v_at(int key) const { return v[key / k_block]; }
+
+  __device__ static Fp8TileScales make(const Fp8Scales& f, const flashattn::Shape& s, int batch, int head) {
+    const int64_t kv = int64_t(batch) * s.nheads_kv + s.kv_head(head);
+    return {f.q + (int64_t(batch) * s.nheads_q + head) * f.q_blocks, f.k + kv * f.k_blocks, f.v + kv * f.k_blocks,
+            f.q_block_size, f.k_block_size};
+  }
+};
+
 // One tile's problem: where the sequence lives, its mask and the key blocks to visit.
 struct TileWork {
   SeqBounds seq;
@@ -71,6 +92,7 @@ struct TileWork {
   int n_begin, n_end;  // key blocks [n_begin, n_end); the loop runs from n_end - 1 down
   bool has_rows;       // some query row of the tile exists (else: nothing to do at all)
   ScoreMods mods;      // ALiBi and dropout of (batch, head); the producer leaves it unused
+  Fp8TileScales fp8;   // FP8 kernels only
 
   __device__ bool empty() const { return n_end <= n_begin; }
 };
@@ -82,6 +104,7 @@ __device__ __forceinline__ TileWork make_tile_work(const FwdParams& p, const Til
   w.mask = make_mask(p.mask, w.seq);
   w.has_rows = t.m_block * Traits::kBlockM < w.seq.seqlen_q;
   w.mods = ScoreMods::make(p, ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap), w.seq, t.batch, t.head);
+  if constexpr (Traits::kFp8) w.fp8 = Fp8TileScales::make(p.fp8, p.shape, t.batch, t.head);
   w.n_begin = w.n_end = 0;
   if (w.has_rows && w.seq.seqlen_k > 0)
     w.mask.key_block_range(t.m_block * Traits::kBlockM, Traits::kBlockM, Traits::kBlockN, &w.n_begin, &w.n_end);

@@ -38,6 +38,14 @@ std::atomic<int> g_overlap{1};
 #endif
 
 }  // namespace
+#define FA_SM90_FP8_EXTERN(D)                                                                              \
+  extern template flashattn_status launch_fwd_fp8<D, cutlass::half_t>(const FwdParams&, cudaStream_t,      \
+                                                                      const LaunchOptions&);              \
+  extern template flashattn_status launch_fwd_fp8<D, cutlass::bfloat16_t>(const FwdParams&, cudaStream_t,  \
+                                                                          const LaunchOptions&);
+#if defined(FLASHATTN_SM90_FP8_HDIM_128)
+FA_SM90_FP8_EXTERN(128)
+#endif
 #if defined(FLASHATTN_SM90_HDIM_64)
 FA_SM90_FOR_EACH_DTYPE(64)
 #endif
@@ -99,6 +107,30 @@ int kernel_headdim(int headdim) {
   return kernel_headdim_for(headdim, kCompiled);
 }
 
+// FP8: the head dims with an FP8 kernel (the same rounding up as kernel_headdim).
+int kernel_headdim_fp8(int headdim) {
+  static constexpr int kCompiled[] = {
+#if defined(FLASHATTN_SM90_FP8_HDIM_128)
+      128,
+#endif
+      0};
+  return kernel_headdim_for(headdim, kCompiled);
+}
+
+template <int D>
+LaunchFn pick_fp8(flashattn_dtype out) {
+  return out == FLASHATTN_DTYPE_FP16 ? &launch_fwd_fp8<D, cutlass::half_t> : &launch_fwd_fp8<D, cutlass::bfloat16_t>;
+}
+
+LaunchFn find_launch_fp8(int headdim, flashattn_dtype out) {
+  switch (kernel_headdim_fp8(headdim)) {
+#if defined(FLASHATTN_SM90_FP8_HDIM_128)
+    case 128: return pick_fp8<128>(out);
+#endif
+    default: return nullptr;
+  }
+}
+
 LaunchFn find_launch(int headdim, flashattn_dtype dt) {
   switch (kernel_headdim(headdim)) {
 #if defined(FLASHATTN_SM90_HDIM_64)
@@ -120,6 +152,36 @@ LaunchFn find_launch(int headdim, flashattn_dtype dt) {
   }
 }
 
+// What the FP8 kernel cannot run: one scale per warpgroup of query rows (64) and per key tile
+// (128), so the block sizes must be multiples of those unless one block covers the sequence.
+const char* fp8_unsupported(const FwdParams& p) {
+  static thread_local char msg[200];
+  if (p.fp8.out_dtype != FLASHATTN_DTYPE_BF16 && p.fp8.out_dtype != FLASHATTN_DTYPE_FP16)
+    return "fp8.out_dtype: sm90 FP8 writes bf16 or fp16";
+  if (p.dropout.threshold != 0) return "dropout_p: dropout is not supported with dtype fp8_e4m3 (forward-only FP8)";
+  if (find_launch_fp8(p.shape.headdim, p.fp8.out_dtype) == nullptr) {
+    if (p.shape.headdim % 16 != 0)
+      std::snprintf(msg, sizeof(msg), "headdim %d: sm90 FP8 needs a multiple of 16 (16-byte rows for TMA; pad the "
+                    "head dim)", p.shape.headdim);
+    else
+      std::snprintf(msg, sizeof(msg), "headdim %d: no sm90 FP8 kernel for it (FP8 head dims: up to 128; the "
+                    "reference backend runs any on host tensors)", p.shape.headdim);
+    return msg;
+  }
+  constexpr int kRowsPerQScale = 64, kKeysPerKScale = 128;
+  if (p.fp8.q_blocks > 1 && p.fp8.q_block_size % kRowsPerQScale != 0) {
+    std::snprintf(msg, sizeof(msg), "fp8.q_block_size: %d: sm90 FP8 needs a multiple of %d (or one block per "
+                  "sequence); the reference backend runs any on host tensors", p.fp8.q_block_size, kRowsPerQScale);
+    return msg;
+  }
+  if (p.fp8.k_blocks > 1 && p.fp8.k_block_size % kKeysPerKScale != 0) {
+    std::snprintf(msg, sizeof(msg), "fp8.k_block_size: %d: sm90 FP8 needs a multiple of %d (or one block per "
+                  "sequence); the reference backend runs any on host tensors", p.fp8.k_block_size, kKeysPerKScale);
+    return msg;
+  }
+  return nullptr;
+}
+
 const char* fwd_unsupported(const FwdParams& p) {
   static thread_local char msg[160];
   if (p.kv.enabled()) {
@@ -127,12 +189,11 @@ const char* fwd_unsupported(const FwdParams& p) {
                   "sm80 kernels", p.kv.field_in_use());
     return msg;
   }
-  if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3)
-    return "dtype: fp8_e4m3: the sm90 FP8 kernel is not written yet (issue 16; host tensors run FP8 on the "
-           "reference backend)";
-  if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
+  if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3) {
+    if (const char* why = fp8_unsupported(p)) return why;
+  } else if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
     return "dtype: only fp16 and bf16 are supported by sm90";
-  if (find_launch(p.shape.headdim, p.dtype) == nullptr) {
+  if (p.dtype != FLASHATTN_DTYPE_FP8_E4M3 && find_launch(p.shape.headdim, p.dtype) == nullptr) {
     if (p.shape.headdim % 8 != 0)
       std::snprintf(msg, sizeof(msg), "headdim %d: sm90 needs a multiple of 8 (16-byte rows for TMA; pad the head dim)",
                     p.shape.headdim);
@@ -157,7 +218,8 @@ const char* fwd_unsupported(const FwdParams& p) {
 size_t fwd_workspace(const FwdParams& p) { return fwd_workspace_bytes(p); }
 
 flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
-  LaunchFn fn = find_launch(p.shape.headdim, p.dtype);
+  LaunchFn fn = p.dtype == FLASHATTN_DTYPE_FP8_E4M3 ? find_launch_fp8(p.shape.headdim, p.fp8.out_dtype)
+                                                    : find_launch(p.shape.headdim, p.dtype);
   if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
   const LaunchOptions opt{workspace};
   return fn(p, static_cast<cudaStream_t>(stream), opt);

@@ -63,4 +63,11 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
+// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): one key block (tile_shapes.h TileConfigFp8).
+template <int kHeadDim, class ElementOut>
+flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
+  using T = Traits<kHeadDim, cutlass::float_e4m3_t, TileConfigFp8<kHeadDim>::kBlockN, ElementOut>;
+  return launch_fwd_with<T, Schedule<>>(f, stream, opt);
+}
+
 }  // namespace flashattn::sm90

@@ -68,26 +68,45 @@ struct Mainloop {
   static constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
   using AccO = decltype(cute::partition_fragment_C(TiledMmaPV{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kD>>{}));
   using AccS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
-  using FragP = decltype(cute::make_tensor<Element>(acc_as_a_operand(AccS{}.layout())));
+  static constexpr bool kFp8 = Traits::kFp8;
+  // P as the A operand of P V: 16-bit, S's own register order; FP8, the A fragment of the FP8
+  // WGMMA (4 keys per register), filled by convert_p.
+  using FragP16 = decltype(cute::make_tensor<Element>(acc_as_a_operand(AccS{}.layout())));
+  using FragP8 = decltype(TiledMmaPV{}.get_slice(0).partition_fragment_A(cute::make_tensor(
+      cute::make_smem_ptr(static_cast<Element*>(nullptr)), cute::Layout<cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>>{})));
+  using FragP = std::conditional_t<kFp8, FragP8, FragP16>;
   static constexpr int kRows = decltype(cute::size<0>(acc_rowcol(AccO{}.layout())))::value;  // 2
-  using Softmax = WarpgroupSoftmax<kRows, (kD >= kLazyMaxMinHeadDim)>;
+  using Softmax = WarpgroupSoftmax<kRows, (kD >= kLazyMaxMinHeadDim) && !kFp8, kFp8 ? 8 : 0>;
 
   typename P::KVState kv_read;  // persists across tiles, like the producer's write state
   typename P::QState q_read;
   FragP tOrP;                   // P of the block whose P V is still to be issued
   float scale[kRows];           // what O is multiplied by before that P V
   bool rescale_o;               // some row of this warp has scale != 1 (warp-uniform)
+  // FP8: O is kept in units of the V scale of the last block added (v_scale); a block with
+  // another scale rescales O by the ratio with the softmax's factor; the epilogue applies the
+  // last one (o_scale). A block whose V scale is 0 adds nothing (v_zero: its P is cleared).
+  ScoreTransform tf_base;  // the softmax's transform before this tile's Q/K scales
+  float v_scale;
+  bool v_zero;
 
   struct Pipes {
     typename P::Q& q;
     typename P::KV& k;
-    typename P::KV& v;
+    typename P::VRead& v;  // the TMA pipeline, or FP8's transposed copy
   };
+
+  // What O must still be multiplied by (FP8: the last V block's scale).
+  __device__ float o_scale() const { return kFp8 ? v_scale : 1.f; }
 
   // One tile with keys: O (zeroed by the caller) += softmax(Q K^T) V over its key blocks.
   template <class TensorO>
   __device__ void run(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                       const Pingpong& ping, int mma_tidx) {
+    if constexpr (kFp8) {
+      tf_base = sm.tf;
+      v_scale = w.fp8.v_at((w.n_end - 1) * kBlockN);
+    }
     if constexpr (Sched::kOverlap) {
       head(ss, pipes, w, m_block, sm, ping, mma_tidx);
       body(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
@@ -216,7 +235,11 @@ struct Mainloop {
     return cute::make_tuple(q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx), v_frag(ss, mma_tidx));
   }
   __device__ static auto v_frag(SharedStorage& ss, int mma_tidx) {
-    cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+    // 16-bit: V's own bytes read MN-major; FP8: the transposed copy (producer.h VTransposer).
+    Element* vt = nullptr;
+    if constexpr (Traits::kTransposeV) vt = ss.smem_vt.data();
+    else vt = ss.smem_v.data();
+    cute::Tensor sVt = cute::make_tensor(cute::make_smem_ptr(vt), typename Traits::SmemLayoutVt{});
     return TiledMmaPV{}.get_thread_slice(mma_tidx).partition_fragment_B(sVt);
   }
 
@@ -227,8 +250,9 @@ struct Mainloop {
   __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, Softmax& sm, int mma_tidx) {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-    sm.apply_softcap(s);
     const int row0 = m_block * kBlockM, col0 = n * kBlockN;
+    if constexpr (kFp8) fp8_scales(s, w, row0 + 64 * (mma_tidx / 128), col0, sm);
+    sm.apply_softcap(s);
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
     Tensor cS = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
@@ -251,6 +275,34 @@ struct Mainloop {
     // varlen sequence) and the epilogue never stores them.
     if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
     rescale_o = sm.step(s, scale, row_add);
+    if constexpr (kFp8) {
+      // O += P V adds in units of this block's V scale: O so far is in v_scale's.
+      const float vs = w.fp8.v_at(col0);
+      v_zero = vs == 0.f;
+      if (!v_zero) {
+        const float ratio = v_scale / vs;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
+        v_scale = vs;
+      }
+    }
+  }
+
+  // FP8: S holds Q K^T of the codes; the scores are q_scale k_scale times that. The product
+  // folds into the transform (the softmax scale, or the softcap's pre-scale: free), except
+  // with ALiBi and no softcap, whose bias is added to true scores: S is scaled there.
+  template <class TensorS>
+  __device__ void fp8_scales(TensorS& s, const TileWork& w, int wg_row0, int col0, Softmax& sm) const {
+    const float qk = w.fp8.q_at(wg_row0) * w.fp8.k_at(col0);
+    sm.tf = tf_base;
+    if (tf_base.softcap > 0.f) {
+      sm.tf.pre_scale = tf_base.pre_scale * qk;
+    } else if (w.mods.alibi()) {
+#pragma unroll
+      for (int i = 0; i < cute::size(s); ++i) s(i) *= qk;
+    } else {
+      sm.tf.exp2_scale = tf_base.exp2_scale * qk;
+    }
   }
 
   // ALiBi on a tile where t = i + diag - j = base + dq - dk has one sign: -coef |t| =
@@ -276,6 +328,10 @@ struct Mainloop {
   template <class TensorS>
   __device__ void convert_p(const TensorS& tSrS, const TileWork& w, int m_block, int n, int mma_tidx) {
     using namespace cute;
+    if constexpr (kFp8) {
+      convert_p_fp8(tSrS);
+      return;
+    }
     convert_fragment(tSrS, tOrP);
     if (w.mods.dropout()) {
       Tensor p = make_tensor(tOrP.data(), acc_rowcol(tSrS.layout()));  // same register order as S
@@ -289,6 +345,33 @@ struct Mainloop {
 #pragma unroll
         for (int c = 0; c < size<1>(p); ++c)
           if (!keep.keep(r, c)) p(r, c) = Element(0.f);
+    }
+  }
+
+  // FP8: S (fp32, thread holds (row r + 8 h, key 8 c + 2 q + v) at index 4 c + 2 h + v) -> the
+  // E4M3 A fragment: per 32 keys 4 registers (row r keys 0-15, row r + 8 keys 0-15, then keys
+  // 16-31), register position 4 q + j of a 16-key half holding key {2q, 2q+1, 2q+8, 2q+9}[j]
+  // of it, which is where the transpose put those keys of V (producer.h). No shuffles.
+  template <class TensorS>
+  __device__ void convert_p_fp8(const TensorS& tSrS) {
+    using namespace cute;
+    static_assert(decltype(size(tSrS))::value == kBlockN / 2 && decltype(cosize(FragP{}.layout()))::value == kBlockN / 2);
+    uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+    cutlass::NumericArrayConverter<cutlass::float_e4m3_t, float, 4> cvt;
+#pragma unroll
+    for (int i = 0; i < kBlockN / 16; ++i) {    // 16-key half i of 32-key chunk i / 2
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {             // row r, r + 8
+        cutlass::Array<float, 4> x;
+        x[0] = tSrS(8 * i + 2 * h);
+        x[1] = tSrS(8 * i + 2 * h + 1);
+        x[2] = tSrS(8 * i + 4 + 2 * h);
+        x[3] = tSrS(8 * i + 5 + 2 * h);
+        const cutlass::Array<cutlass::float_e4m3_t, 4> y = cvt(x);
+        uint32_t word = *reinterpret_cast<const uint32_t*>(&y);
+        if (v_zero) word = 0u;
+        out[4 * (i / 2) + h + 2 * (i % 2)] = word;
+      }
     }
   }
 };

@@ -19,6 +19,7 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 enum : uint32_t {
   kBarrierPingpongBase = 1,  // ids 1 .. 3: one per consumer warpgroup
   kBarrierEpilogueBase = 4,  // ids 4 .. 6: a consumer warpgroup's O staging (epilogue.h)
+  kBarrierTranspose = 7,     // FP8: the V-transposing warps of the producer warpgroup (producer.h)
 };
 
 // The turn order between the consumer warpgroups. Every warpgroup runs the same number of

@@ -17,7 +17,10 @@
 
 #include <cute/tensor.hpp>
 
+#include <cutlass/arch/barrier.h>  // fence_view_async_shared
+
 #include "sm90/kernel_params.h"
+#include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
 #include "sm90/tile_scheduler.h"
 
@@ -48,11 +51,15 @@ struct Producer {
 
   // 1024-byte alignment: the 128B-swizzle atom repeats every 8 rows x 128 bytes, and both TMA
   // and the WGMMA descriptors assume swizzle phase 0 at the start of each buffer.
-  struct TensorStorage {
+  struct TensorStorageQKV {
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutQ>, 1024> smem_q;
     cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutK>, 1024> smem_k;
-    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutV>, 1024> smem_v;  // as TMA loads it
   };
+  struct TensorStorageQKVt : TensorStorageQKV {  // FP8: V transposed, keys contiguous (VTransposer)
+    cute::array_aligned<Element, cute::cosize_v<typename Traits::SmemLayoutVt>, 1024> smem_vt;
+  };
+  using TensorStorage = std::conditional_t<Traits::kTransposeV, TensorStorageQKVt, TensorStorageQKV>;
   // The full/empty barriers of the Q, K and V pipelines (pipeline.h). Kept apart from the
   // tensors so that the kernel can place them after every 1024-aligned buffer (kernel.h).
   using PipelineStorage = typename P::SharedStorage;
@@ -169,6 +176,96 @@ struct Producer {
       load_v(w.n_begin, kv_state);
       ++kv_state;
     }
+  }
+};
+
+// FP8: warps 1-3 of the producer warpgroup turn each V tile that TMA loaded as (keys, head dim)
+// into the (head dim, keys) K-major operand FP8 WGMMA needs, one stage behind the loads, in the
+// key order the consumers' P fragment has (mainloop.h, convert_p): within each 16 keys, operand
+// position 4q + j holds key {2q, 2q + 1, 2q + 8, 2q + 9}[j].
+// Per 16 keys x 32 head dims, one ldmatrix.x4.trans (16-bit elements) gives lane L the bytes
+// V[2q + {0, 1}][2c + {0, 1}] (q = L % 4, c = L / 4) of keys 0-7 and 8-15 of two 16-column
+// halves; two byte_perms per half make the head dims' 4-key words. Lanes with c >= 4 write
+// their odd head dim first, so each store's 32 lanes hit 8 different swizzle rows: no bank
+// conflicts on either side (the loads read 8 keys of one 16-byte column, swizzled apart).
+// The threads follow the tile sequence like the consumers (same scheduler, same skipped
+// tiles), so they transpose exactly the blocks the producer loads, in its order.
+template <class Traits>
+struct VTransposer {
+  using Element = typename Traits::Element;
+  using P = Pipelines<Traits>;
+  using TensorStorage = typename Producer<Traits>::TensorStorage;
+  static constexpr int kBlockN = Traits::kBlockN, kD = Traits::kHeadDim;
+  static constexpr int kThreads = Traits::kNumTransposeThreads;
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kUnits = (kBlockN / 16) * (kD / 32);  // 16 keys x 32 head dims each
+  static_assert(kThreads == 96 && kBlockN % 16 == 0 && kD % 32 == 0);
+
+  // tid: 0 .. kThreads-1 (threads 32..127 of the CTA).
+  __device__ static void run(const FwdParams& fwd, const TileScheduler& sched, TensorStorage& ts,
+                             typename P::KV& pipe_v, typename P::Vt& pipe_vt, int tid) {
+    typename P::KVState v_read;  // index 0, phase 0: the consumer start state
+    auto vt_write = cutlass::make_producer_start_state<typename P::Vt>();
+    for (auto work = sched.get_initial_work<false>(); sched.is_valid(work); work = sched.get_next_work<false>(work)) {
+      const TileWork w = make_tile_work<Traits>(fwd, sched.coord(work));
+      if (!w.has_rows) continue;
+      for (int n = w.n_end - 1; n >= w.n_begin; --n) {
+        pipe_v.consumer_wait(v_read);
+        pipe_vt.producer_acquire(vt_write);
+        transpose(ts, v_read.index(), vt_write.index(), tid);
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to WGMMA
+        pipe_vt.producer_commit(vt_write);
+        // Every transposing thread has read the stage before TMA may overwrite it.
+        named_barrier_sync(kBarrierTranspose, kThreads);
+        pipe_v.consumer_release(v_read);
+        ++v_read;
+        ++vt_write;
+      }
+    }
+  }
+
+ private:
+  // Byte offset of (row, col) in a stage of a K-major 8-bit layout with the 128-byte swizzle,
+  // cols a multiple of 128 (the GMMA atom is 8 rows x 128 bytes, tiled down the rows first;
+  // the swizzle XORs the row's low 3 bits into the 16-byte column). Written out because the
+  // CuTe evaluation costs ~30 instructions per address in this 32-register warpgroup; equal
+  // to Traits::SmemLayoutV / SmemLayoutVt (checked against CuTe on the host for hdim 128/256).
+  template <int kRows>
+  __device__ static uint32_t sw128_offset(uint32_t row, uint32_t col) {
+    return (col >> 7) * (kRows * 128u) + row * 128u + ((col & 127u) ^ ((row & 7u) << 4));
+  }
+  static_assert(kD % 128 == 0 && kBlockN % 128 == 0 && sizeof(Element) == 1,
+                "the transpose's offsets assume 128-byte swizzled rows on both sides");
+
+  __device__ static void transpose(TensorStorage& ts, int src_stage, int dst_stage, int tid) {
+    using namespace cute;
+    const uint32_t src_base = cast_smem_ptr_to_uint(ts.smem_v.data()) + uint32_t(src_stage) * Traits::kBytesKV;
+    const uint32_t dst_base = cast_smem_ptr_to_uint(ts.smem_vt.data()) + uint32_t(dst_stage) * Traits::kBytesKV;
+    const uint32_t warp = uint32_t(tid) / 32, lane = uint32_t(tid) % 32;
+    const uint32_t mat = lane / 8, mrow = lane % 8;  // the row address this lane gives ldmatrix
+    const uint32_t q = lane % 4, c = lane / 4;       // what it gets back
+    const uint32_t odd_first = c >= 4 ? 1u : 0u;
+#pragma unroll 1
+    for (uint32_t u = warp; u < uint32_t(kUnits); u += kWarps) {
+      const uint32_t g = u % (kBlockN / 16), h32 = (u / (kBlockN / 16)) * 32;
+      // Matrices 0/1: keys 0-7 / 8-15 of head dims h32..+15; 2/3: the same of h32+16..+31.
+      const uint32_t src = src_base + sw128_offset<kBlockN>(16 * g + 8 * (mat & 1) + mrow, h32 + 16 * (mat >> 1));
+      uint32_t r0, r1, r2, r3;
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                   : "r"(src));
+      const uint32_t p = 16 * g + 4 * q;
+      const uint32_t h = h32 + 2 * c;
+      const uint32_t lo_even = __byte_perm(r0, r1, 0x6420), lo_odd = __byte_perm(r0, r1, 0x7531);
+      const uint32_t hi_even = __byte_perm(r2, r3, 0x6420), hi_odd = __byte_perm(r2, r3, 0x7531);
+      store_u32(dst_base + sw128_offset<kD>(h + odd_first, p), odd_first ? lo_odd : lo_even);
+      store_u32(dst_base + sw128_offset<kD>(h + 1 - odd_first, p), odd_first ? lo_even : lo_odd);
+      store_u32(dst_base + sw128_offset<kD>(h + 16 + odd_first, p), odd_first ? hi_odd : hi_even);
+      store_u32(dst_base + sw128_offset<kD>(h + 17 - odd_first, p), odd_first ? hi_even : hi_odd);
+    }
+  }
+  __device__ static void store_u32(uint32_t smem_addr, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr), "r"(v));
   }
 };
 

@@ -50,8 +50,12 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int kRows, bool kLazyMax>
+// kMaxOffsetLog2 (FP8, FA3's Max_offset): P = 2^k exp2(S * scale - m), in [0, 2^k], so that P
+// uses E4M3's range (max 448) instead of [0, 1]; O / l cancels the factor and finalize takes it
+// out of the LSE. Not with kLazyMax, whose P already reaches 2^kLazyMaxSlackLog2.
+template <int kRows, bool kLazyMax, int kMaxOffsetLog2 = 0>
 struct WarpgroupSoftmax {
+  static_assert(!(kLazyMax && kMaxOffsetLog2 != 0));
   OnlineSoftmaxRow row[kRows];
   ScoreTransform tf;
 
@@ -90,7 +94,8 @@ struct WarpgroupSoftmax {
       mx = quad_max(mx + row_add[r]);
       scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
                           : row[r].update_max(mx * tf.exp2_scale);
-      const float neg_off = fmaf(row_add[r], tf.exp2_scale, -row[r].exp_offset());
+      const float off = kMaxOffsetLog2 != 0 ? float(kMaxOffsetLog2) - row[r].exp_offset() : -row[r].exp_offset();
+      const float neg_off = fmaf(row_add[r], tf.exp2_scale, off);
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) {
@@ -113,7 +118,7 @@ struct WarpgroupSoftmax {
     for (int r = 0; r < kRows; ++r) {
       row[r].l = quad_sum(row[r].l);
       inv[r] = row[r].inv_sum();
-      lse[r] = row[r].lse();
+      lse[r] = kMaxOffsetLog2 != 0 ? row[r].lse() - float(kMaxOffsetLog2) * kLn2 : row[r].lse();  // -inf stays -inf
     }
   }
 };

@@ -4,6 +4,8 @@
 // and by registers (S, P and O of one warpgroup live in registers at once).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
@@ -24,30 +26,57 @@ template <> struct TileConfig<128> { static constexpr int kBlockM = 128, kBlockN
 template <> struct TileConfig<192> { static constexpr int kBlockM = 128, kBlockN = 112, kBlockNUnmasked = 112, kStages = 2; };
 template <> struct TileConfig<256> { static constexpr int kBlockM = 128, kBlockN = 80,  kBlockNUnmasked = 80, kStages = 2; };
 
-// Widest swizzle whose atom divides the (contiguous) head dim: 128B for 64/128/192/256, 64B for 96.
+// Widest swizzle whose atom (128, 64 or 32 bytes of a row) divides the contiguous extent: 128B for
+// 16-bit head dims 64/128/192/256 and FP8 head dims 128/256, 64B for 16-bit 96 and FP8 64.
 template <class T, int kK>
 constexpr auto smem_atom_k_major() {
   using namespace cute;
-  if constexpr (kK % 64 == 0) return GMMA::Layout_K_SW128_Atom<T>{};
-  else if constexpr (kK % 32 == 0) return GMMA::Layout_K_SW64_Atom<T>{};
+  constexpr int kBytes = kK * int(sizeof(T));
+  if constexpr (kBytes % 128 == 0) return GMMA::Layout_K_SW128_Atom<T>{};
+  else if constexpr (kBytes % 64 == 0) return GMMA::Layout_K_SW64_Atom<T>{};
   else return GMMA::Layout_K_SW32_Atom<T>{};
 }
 
-template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN>
+// FP8 (E4M3) inputs: the same kernel with three policies switched on (docs/fp8-sm90-design.md):
+//   - P V reads V K-major (FP8 WGMMA has no MN-major operands), so warps 1-3 of the producer
+//     warpgroup transpose each V tile after its TMA load (producer.h, VTransposer);
+//   - P goes to E4M3 in registers with the key order the transpose gives V (mainloop.h);
+//   - per-tile scales: Q's and K's fold into the softmax scale, V's into O's rescale.
+// kBlockN = 128 for every head dim: one K/V scale block of 128 keys is one key tile.
+template <int kHeadDim>
+struct TileConfigFp8 {
+  static constexpr int kBlockM = 128, kBlockN = 128, kBlockNUnmasked = 128, kStages = 2;
+};
+
+template <class Element>
+constexpr bool is_fp8_v = std::is_same_v<Element, cutlass::float_e4m3_t>;
+
+// Element: the inputs' type (cutlass::half_t, bfloat16_t, or float_e4m3_t); ElementOut: O's
+// (the inputs' own, except FP8 writes 16-bit).
+template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN, class ElementOut_ = Element_>
 struct Traits {
-  using Element = Element_;  // cutlass::half_t or cutlass::bfloat16_t
+  using Element = Element_;
+  using ElementOut = ElementOut_;
+  static constexpr bool kFp8 = is_fp8_v<Element>;
+  using Cfg = std::conditional_t<kFp8, TileConfigFp8<kHeadDim_>, TileConfig<kHeadDim_>>;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = TileConfig<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = TileConfig<kHeadDim>::kStages;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = kFp8 ? Cfg::kBlockN : kBlockN_;
+  static constexpr int kStages = Cfg::kStages;
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
   static constexpr int kNumThreads = 128 + kNumMmaThreads;  // warpgroup 0 is the producer
-  // setmaxnreg budget: 128 * (producer + kNumMmaWG * consumer) <= 64K registers.
+  // FP8: warps 1-3 of the producer warpgroup transpose V (producer.h).
+  static constexpr bool kTransposeV = kFp8;
+  static constexpr int kNumTransposeThreads = kTransposeV ? 96 : 0;
+  // setmaxnreg budget: 128 * (producer + kNumMmaWG * consumer) must not exceed what the CTA was
+  // launched with (384 threads x 168 registers): an increase beyond it waits forever. The V
+  // transpose (FP8) fits the TMA thread's 24 too.
   static constexpr int kProducerRegs = kNumMmaWG == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kNumMmaWG == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0, "WGMMA tile constraints");
   static_assert(kNumMmaWG == 2 || kNumMmaWG == 3, "pingpong barriers exist for 2 or 3 warpgroups");
+  static_assert(!kFp8 || (kBlockN % 32 == 0 && kHeadDim % 32 == 0), "FP8 WGMMA K = 32; the transpose moves 16 x 32 blocks");
 
   using TileShapeQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TileShapePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;
@@ -55,31 +84,40 @@ struct Traits {
   // S = Q K^T: both operands from smem, K-major (head dim contiguous).
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayoutMma{}));
-  // O += P V: P from registers, V from smem read MN-major (head dim contiguous).
+  // O += P V: P from registers; V from smem read MN-major (head dim contiguous), or for FP8
+  // K-major (keys contiguous: the transposed copy).
+  static constexpr cute::GMMA::Major kMajorV = kTransposeV ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>(),
+      cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K, kMajorV>(),
       AtomLayoutMma{}));
 
   static constexpr int kBytesQ = kBlockM * kHeadDim * int(sizeof(Element));
   static constexpr int kBytesKV = kBlockN * kHeadDim * int(sizeof(Element));
   static constexpr int kSmemLimit = 227 * 1024 - 1024;  // minus barriers and alignment slack
+  // K and V stages, plus V's transposed copy for FP8.
+  static constexpr int kBytesKVStages = (kTransposeV ? 3 : 2) * kStages * kBytesKV;
   // A second Q buffer lets the producer load the next tile's Q a tile ahead (producer.h)
   // instead of after this tile's last Q K^T. Only where it fits beside 2 stages of K and V:
   // hdim 64/96 and 128 with 128-key blocks (not 128 x 176, 192, 256).
-  static constexpr int kStagesQ = 2 * kBytesQ + 2 * kStages * kBytesKV <= kSmemLimit ? 2 : 1;
+  static constexpr int kStagesQ = 2 * kBytesQ + kBytesKVStages <= kSmemLimit ? 2 : 1;
 
   using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesQ>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-  using SmemLayoutV = SmemLayoutK;
-  // V^T as the PV GEMM's B operand: the same bytes viewed as (head dim, kBlockN, stage).
-  using SmemLayoutVt = decltype(cute::composition(
+  using SmemLayoutV = SmemLayoutK;  // V as TMA writes it: (keys, head dim, stage)
+  // V^T as the PV GEMM's B operand (head dim, kBlockN, stage). 16-bit: the same bytes as V,
+  // read MN-major. FP8: its own buffer, keys contiguous (K-major), written by the transpose.
+  using SmemLayoutVtMN = decltype(cute::composition(
       SmemLayoutV{},
       cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutVtK = decltype(cute::tile_to_shape(
+      smem_atom_k_major<Element, kBlockN>(), cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}));
+  using SmemLayoutVt = std::conditional_t<kTransposeV, SmemLayoutVtK, SmemLayoutVtMN>;
+  // O's staging atom, in O's own (16-bit) type.
+  using SmemAtomO = decltype(smem_atom_k_major<ElementOut, kHeadDim>());
   // O has no layout here: the epilogue owns its staging (epilogue.h, OStaging).
 };
 

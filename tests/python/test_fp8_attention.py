@@ -280,9 +280,28 @@ def test_opcheck_fwd_fp8():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_refuses_fp8_by_name():
+def test_cuda_fp8_runs_on_sm90_and_is_refused_elsewhere():
+    """sm90: the FP8 kernel, within its E4M3 bound of the dequantized fp64 attention (the bound of
+    tests/gpu/test_gpu_fp8_attention.cpp: P rounded to E4M3 moves O by <= 2^-4 sum_j P_ij |v_j|, the
+    tensor cores' score accumulation by <= sum_j P_ij ds_ij (|v_j| + |O|)); other GPUs refuse by name."""
     (q, k, v), kw = _small()
-    q, k, v = (t.cuda() for t in (q, k, v))
-    kw = {n: t.cuda() for n, t in kw.items()}
-    with pytest.raises(NotImplementedError, match="dtype: fp8_e4m3"):
-        flash_attn_func(q, k, v, **kw)
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    kwc = {n: t.cuda() for n, t in kw.items()}
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(NotImplementedError, match="dtype: fp8_e4m3"):
+            flash_attn_func(qc, kc, vc, **kwc)
+        return
+    out = flash_attn_func(qc, kc, vc, **kwc).cpu().double()
+    qd, kd, vd = (t.double() for t in (q, k, v))  # scales are 1
+    kd, vd = kd.repeat_interleave(2, dim=2), vd.repeat_interleave(2, dim=2)  # GQA 2 / 1
+    scale = 1 / math.sqrt(q.shape[-1])
+    s = torch.einsum("bihd,bjhd->bhij", qd, kd) * scale
+    p = torch.softmax(s, dim=-1)
+    want = torch.einsum("bhij,bjhd->bihd", p, vd)
+    pv_abs = torch.einsum("bhij,bjhd->bihd", p, vd.abs())
+    ds = torch.einsum("bihd,bjhd->bhij", qd.abs(), kd.abs()) * scale * 2.0**-9  # tests/fp8_problem.h
+    ds_pv = torch.einsum("bhij,bjhd->bihd", p * ds, vd.abs()) + torch.einsum("bhij->bih", p * ds)[..., None] * want.abs()
+    bound = 2.0**-4 * pv_abs + ds_pv + 2.0**-8 * want.abs() + 1e-6
+    assert not torch.isnan(out).any()
+    err = (out - want).abs()
+    assert (err <= bound).all(), f"max err/bound {float((err / bound).max()):.3g}"

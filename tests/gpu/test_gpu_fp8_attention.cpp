@@ -1,0 +1,203 @@
+// The sm90 FP8 (E4M3) forward (issue 16) against fp64 attention of the dequantized inputs
+// (tests/fp8_problem.h), on CUDA tensors. The kernel rounds P to E4M3 (2^8 times P, so each
+// entry moves by at most 2^-4 of itself in E4M3's normal range, 2^-10 / 2^8 below it) and
+// accumulates Q K^T of the codes in the tensor cores (reported to keep ~14 bits), so per output
+// element (normalized P, c the head-dim column):
+//   |out - O| <= 2^-4 sum_j P_ij |v_jc| + sum_j P_ij ds_ij (|v_jc| + |O_ic|) + 2^-18 sum_j |v_jc| P>0
+//               + u |O| (the output's rounding) + 1e-6 sum_j P_ij |v_jc| (fp32 sums)
+// with ds_ij = 2^-9 scale sum_c |q_ic k_jc| (fp8_problem.h says why); the bound's terms come from Expected. LSE: within
+// max_j ds_ij + 1e-5 |LSE| + 1e-5. The cases make attention sharp (a large softmax scale) as well
+// as flat, so that V read in another key order than P's (the transpose's permutation) cannot hide
+// in a near-uniform average. Outputs are poisoned with NaN first. Skips without an sm90 device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+#include "fp8_problem.h"
+#include "test_util.h"
+
+namespace flashattn::test::fp8 {
+namespace {
+
+bool have_sm90(std::string* why) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    *why = "no CUDA device";
+    return false;
+  }
+  if (!(flashattn_compiled_backends() & (1u << FLASHATTN_BACKEND_SM90))) {
+    *why = "this build has no sm90 path";
+    return false;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9 || minor != 0) {
+    *why = "device 0 is not sm90";
+    return false;
+  }
+  return true;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T) + 16), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+// Runs P on the GPU (backend sm90): its host buffers are copied in, out/lse copied back.
+flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN_BACKEND_SM90) {
+  flashattn_fwd_params p = P.params(backend);
+  p.options.device = 0;
+  uint8_t* q = to_device(P.q);
+  uint8_t* k = to_device(P.k);
+  uint8_t* v = to_device(P.v);
+  uint16_t* out = to_device(P.out);  // NaN-poisoned by Fp8Problem
+  float* lse = to_device(P.lse);
+  float* qs = to_device(P.q_scale);
+  float* ks = to_device(P.k_scale);
+  float* vs = to_device(P.v_scale);
+  int32_t* cu_q = P.c.varlen() ? to_device(P.cu_q) : nullptr;
+  int32_t* cu_k = P.c.varlen() ? to_device(P.cu_k) : nullptr;
+  p.q.data = q, p.k.data = k, p.v.data = v, p.out.data = out, p.lse = lse;
+  p.fp8.q_scale = qs, p.fp8.k_scale = ks, p.fp8.v_scale = vs;
+  if (P.c.varlen()) p.varlen.cu_seqlens_q = cu_q, p.varlen.cu_seqlens_k = cu_k;
+  const flashattn_status st = flashattn_fwd(&p, nullptr, 0, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (st == FLASHATTN_SUCCESS) {
+    EXPECT_EQ(cudaMemcpy(P.out.data(), out, P.out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(P.lse.data(), lse, P.lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  for (void* x : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)lse, (void*)qs, (void*)ks, (void*)vs,
+                  (void*)cu_q, (void*)cu_k})
+    if (x) cudaFree(x);
+  return st;
+}
+
+void expect_within_fp8_bound(const Fp8Problem& P, const Expected& e) {
+  const double u = unit_roundoff(P.c.out_dtype);
+  size_t bad = 0, checked = 0;
+  double worst = 0, err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < e.o.size(); ++i) {
+    const double got = P.out_at(i), want = e.o[i];
+    const double tol = std::ldexp(e.pv_abs[i], -4) + e.ds_pv[i] + 1e-6 * e.pv_abs[i] + u * std::fabs(want) +
+                       std::ldexp(e.pv_abs[i], -18) + 1e-6;
+    const double err = std::fabs(got - want);
+    if (!(err <= tol) && bad++ < 5)
+      ADD_FAILURE() << P.c.str() << " seed " << P.seed << ": out[" << i << "] = " << got << ", expected " << want
+                    << " (err " << err << " > bound " << tol << ")";
+    if (std::isfinite(err)) worst = std::max(worst, err / tol);
+    err2 += err * err;
+    ref2 += want * want;
+    ++checked;
+  }
+  EXPECT_EQ(bad, 0u) << P.c.str() << ": worst error / bound " << worst;
+  // Not a pass rule, just in the log: how far inside the bound the kernel is.
+  std::printf("  %s: max err/bound %.3f, relative RMS error %.2e over %zu elements\n", P.c.str().c_str(), worst,
+              std::sqrt(err2 / std::max(ref2, 1e-300)), checked);
+  size_t bad_lse = 0;
+  for (size_t i = 0; i < e.lse.size(); ++i) {
+    const double got = P.lse[i], want = e.lse[i];
+    const bool ok = std::isinf(want) ? got == want
+                                     : std::fabs(got - want) <= e.ds_max[i] + 1e-5 * std::fabs(want) + 1e-5;
+    if (!ok && bad_lse++ < 5)
+      ADD_FAILURE() << P.c.str() << " seed " << P.seed << ": lse[" << i << "] = " << got << ", expected " << want;
+  }
+  EXPECT_EQ(bad_lse, 0u);
+}
+
+class GpuFp8Attention : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(GpuFp8Attention, WithinE4M3BoundOfTheDequantizedAttention) {
+  std::string why;
+  if (!have_sm90(&why)) GTEST_SKIP() << why;
+  const uint64_t seed = fresh_seed();
+  Fp8Problem P(GetParam(), seed);
+  ASSERT_EQ(run_on_gpu(P), FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
+  expect_within_fp8_bound(P, attention_of_dequantized(P));
+}
+
+// hdim 128 (the FP8 kernel's) and 96/112 (run on it, columns past them zero-filled); block sizes
+// that are multiples of the kernel's 64 query rows and 128 keys, and one block per sequence;
+// ragged seqlens (1, 7, 113, 799, 4097), seqlen_q != seqlen_k; causal, windows, softcap, ALiBi-free
+// GQA/MQA, varlen; sharp attention (softmax scale 0.5 on scores of ~10) and flat.
+std::vector<Fp8Case> gpu_cases() {
+  std::vector<Fp8Case> v;
+  Fp8Case c;
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 256, c.sk = 256, c.hq = 2, c.hkv = 2, c.d = 128, c.per_tensor = true;
+  v.push_back(c);  // per-tensor scale, tile multiples
+  c.per_tensor = false, c.softmax_scale = 0.5f;
+  v.push_back(c);  // block scales, sharp
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 799, c.sk = 4097, c.hq = 4, c.hkv = 1, c.d = 128, c.q_block = 64, c.k_block = 256;
+  c.softmax_scale = 0.3f;
+  v.push_back(c);  // MQA, ragged, coarser key blocks
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 113, c.sk = 799, c.hq = 4, c.hkv = 2, c.d = 128, c.causal = true;
+  c.out_dtype = FLASHATTN_DTYPE_FP16;
+  v.push_back(c);  // causal, bottom-right, fp16 out
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 1, c.sk = 1000, c.hq = 2, c.hkv = 1, c.d = 96, c.q_block = 1000, c.k_block = INT32_MAX;
+  c.softcap = 5.f;
+  v.push_back(c);  // one query, hdim 96 on the 128 kernel, softcap, one block per sequence
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 1031, c.sk = 1031, c.hq = 2, c.hkv = 2, c.d = 128, c.window_left = 100, c.window_right = 7;
+  c.softmax_scale = 0.5f;
+  v.push_back(c);  // local window
+  c = Fp8Case{};
+  c.seqlens_q = {1, 7, 300, 0, 129}, c.seqlens_k = {799, 7, 113, 5, 1000}, c.hq = 4, c.hkv = 2, c.d = 128;
+  c.q_block = 128, c.k_block = 128, c.causal = true;
+  v.push_back(c);  // varlen, empty sequence, causal
+  c = Fp8Case{};
+  c.seqlens_q = {200, 64}, c.seqlens_k = {64, 300}, c.hq = 2, c.hkv = 1, c.d = 112, c.q_block = 64, c.k_block = 128;
+  c.softcap = 2.f, c.window_left = 50, c.out_dtype = FLASHATTN_DTYPE_FP16;
+  v.push_back(c);  // varlen, hdim 112, softcap + window
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, GpuFp8Attention, ::testing::ValuesIn(gpu_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
+
+// What the sm90 FP8 kernel does not run is refused naming the field, never run wrongly.
+TEST(GpuFp8AttentionApi, RefusesWhatTheKernelCannotRun) {
+  std::string why;
+  if (!have_sm90(&why)) GTEST_SKIP() << why;
+  struct Bad {
+    Fp8Case c;
+    const char* field;
+  };
+  std::vector<Bad> bad;
+  Fp8Case c;
+  c.sq = 200, c.sk = 300, c.d = 128, c.q_block = 32;  // q scale blocks finer than 64 rows
+  bad.push_back({c, "fp8.q_block_size"});
+  c.q_block = 128, c.k_block = 64;  // k scale blocks finer than a key tile
+  bad.push_back({c, "fp8.k_block_size"});
+  c.k_block = 128, c.d = 144;  // no FP8 kernel that large
+  bad.push_back({c, "headdim"});
+  for (Bad& b : bad) {
+    Fp8Problem P(b.c, 1);
+    EXPECT_EQ(run_on_gpu(P), FLASHATTN_ERROR_NOT_SUPPORTED) << b.c.str();
+    EXPECT_NE(std::string(flashattn_last_error()).find(b.field), std::string::npos)
+        << b.c.str() << ": " << flashattn_last_error();
+  }
+  // AUTO on an sm90 device runs FP8 there.
+  Fp8Case ok;
+  ok.sq = 130, ok.sk = 257, ok.d = 128, ok.hq = 2, ok.hkv = 1;
+  Fp8Problem P(ok, fresh_seed());
+  ASSERT_EQ(run_on_gpu(P, FLASHATTN_BACKEND_AUTO), FLASHATTN_SUCCESS) << flashattn_last_error();
+  expect_within_fp8_bound(P, attention_of_dequantized(P));
+}
+
+}  // namespace
+}  // namespace flashattn::test::fp8
