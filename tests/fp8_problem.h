@@ -173,7 +173,6 @@ struct Fp8Problem {
 struct Expected {
   std::vector<double> o, lse;
   std::vector<double> pv_abs, ds_pv, ds_max;
-  std::vector<double> v_abs_sum;  // sum_j |v_jc| over the keys the row sees (P_ij > 0)
 };
 
 inline Expected attention_of_dequantized(const Fp8Problem& P) {
@@ -184,7 +183,6 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
   e.lse.assign(P.lse.size(), 0.0);
   e.pv_abs.assign(e.o.size(), 0.0);
   e.ds_pv.assign(e.o.size(), 0.0);
-  e.v_abs_sum.assign(e.o.size(), 0.0);
   e.ds_max.assign(P.lse.size(), 0.0);
   const double scale = c.softmax_scale > 0 ? double(c.softmax_scale) : 1.0 / std::sqrt(double(c.d));
   const int nbq = blocks(c.sq, c.q_block), nbk = blocks(c.sk, c.k_block);
@@ -236,7 +234,6 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
             o[x] += pj * vv;
             e.pv_abs[oi + x] += pj * std::fabs(vv);
             e.ds_pv[oi + x] += pj * ds[j] * std::fabs(vv);
-            e.v_abs_sum[oi + x] += std::fabs(vv);
           }
           e.ds_max[li] = std::max(e.ds_max[li], ds[j]);
         }

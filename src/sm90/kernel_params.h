@@ -69,28 +69,19 @@ using TmaGmemTensor = decltype(tma_gmem_tensor(static_cast<Element*>(nullptr), 0
 // FP8: the scales of one (sequence, head): Q's of its query head, K's and V's of its KV head
 // (common/fp8_scales.h has the layout). The kernel reads one per warpgroup of query rows and
 // one per key tile (launch.cu checks that the block sizes make that exact).
-// Key tiles of kBlockN map to scale blocks by a shift where k_block / kBlockN is a power of two
-// (the usual 128, 256, ... and one block per sequence), else by a division: once per key block.
 struct Fp8TileScales {
   const float* q;
   const float* k;
   const float* v;
-  int q_block;       // rows per q scale block
-  int k_tiles;       // key tiles (kBlockN) per k/v scale block
-  int k_tiles_log2;  // its log2, or -1
+  int q_block, k_block;  // rows per scale block
   __device__ float q_at(int row) const { return q[row / q_block]; }
-  __device__ int k_index(int n) const { return k_tiles_log2 >= 0 ? n >> k_tiles_log2 : n / k_tiles; }
-  __device__ float k_at_tile(int n) const { return k[k_index(n)]; }
-  __device__ float v_at_tile(int n) const { return v[k_index(n)]; }
+  __device__ float k_at(int key) const { return k[key / k_block]; }
+  __device__ float v_at(int key) const { return v[key / k_block]; }
 
-  template <int kBlockN>
   __device__ static Fp8TileScales make(const Fp8Scales& f, const flashattn::Shape& s, int batch, int head) {
     const int64_t kv = int64_t(batch) * s.nheads_kv + s.kv_head(head);
-    // One block per sequence (k_blocks == 1) may have any size: every tile reads scale 0.
-    const int tiles = f.k_blocks <= 1 ? (1 << 30) : f.k_block_size / kBlockN;
-    const int log2 = (tiles & (tiles - 1)) == 0 ? 31 - __clz(tiles) : -1;
     return {f.q + (int64_t(batch) * s.nheads_q + head) * f.q_blocks, f.k + kv * f.k_blocks, f.v + kv * f.k_blocks,
-            f.q_block_size, tiles, log2};
+            f.q_block_size, f.k_block_size};
   }
 };
 
@@ -113,7 +104,7 @@ __device__ __forceinline__ TileWork make_tile_work(const FwdParams& p, const Til
   w.mask = make_mask(p.mask, w.seq);
   w.has_rows = t.m_block * Traits::kBlockM < w.seq.seqlen_q;
   w.mods = ScoreMods::make(p, ScoreTransform::make(p.mask.softmax_scale, p.mask.softcap), w.seq, t.batch, t.head);
-  if constexpr (Traits::kFp8) w.fp8 = Fp8TileScales::make<Traits::kBlockN>(p.fp8, p.shape, t.batch, t.head);
+  if constexpr (Traits::kFp8) w.fp8 = Fp8TileScales::make(p.fp8, p.shape, t.batch, t.head);
   w.n_begin = w.n_end = 0;
   if (w.has_rows && w.seq.seqlen_k > 0)
     w.mask.key_block_range(t.m_block * Traits::kBlockM, Traits::kBlockM, Traits::kBlockN, &w.n_begin, &w.n_end);

@@ -76,11 +76,7 @@ struct Mainloop {
       cute::make_smem_ptr(static_cast<Element*>(nullptr)), cute::Layout<cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>>{})));
   using FragP = std::conditional_t<kFp8, FragP8, FragP16>;
   static constexpr int kRows = decltype(cute::size<0>(acc_rowcol(AccO{}.layout())))::value;  // 2
-  // FP8: P = 2^6 exp2(S scale - m) with a lazy max of slack 2 (P <= 2^8 < 448): the O rescale is
-  // skipped as at 16 bits (non-lazy, it ran on most blocks: one FMUL per score, ncu), and E4M3's
-  // normal range still reaches 2^-12 of the row's max.
-  using Softmax = std::conditional_t<kFp8, WarpgroupSoftmax<kRows, true, 6, 2>,
-                                     WarpgroupSoftmax<kRows, (kD >= kLazyMaxMinHeadDim)>>;
+  using Softmax = WarpgroupSoftmax<kRows, (kD >= kLazyMaxMinHeadDim) && !kFp8, kFp8 ? 8 : 0>;
 
   typename P::KVState kv_read;  // persists across tiles, like the producer's write state
   typename P::QState q_read;
@@ -109,7 +105,7 @@ struct Mainloop {
                       const Pingpong& ping, int mma_tidx) {
     if constexpr (kFp8) {
       tf_base = sm.tf;
-      v_scale = w.fp8.v_at_tile(w.n_end - 1);
+      v_scale = w.fp8.v_at((w.n_end - 1) * kBlockN);
     }
     if constexpr (Sched::kOverlap) {
       head(ss, pipes, w, m_block, sm, ping, mma_tidx);
@@ -255,7 +251,7 @@ struct Mainloop {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     const int row0 = m_block * kBlockM, col0 = n * kBlockN;
-    if constexpr (kFp8) fp8_scales(s, w, row0 + 64 * (mma_tidx / 128), n, sm);
+    if constexpr (kFp8) fp8_scales(s, w, row0 + 64 * (mma_tidx / 128), col0, sm);
     sm.apply_softcap(s);
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
@@ -281,7 +277,7 @@ struct Mainloop {
     rescale_o = sm.step(s, scale, row_add);
     if constexpr (kFp8) {
       // O += P V adds in units of this block's V scale: O so far is in v_scale's.
-      const float vs = w.fp8.v_at_tile(n);
+      const float vs = w.fp8.v_at(col0);
       v_zero = vs == 0.f;
       if (!v_zero) {
         const float ratio = v_scale / vs;
@@ -299,8 +295,8 @@ struct Mainloop {
   // folds into the transform (the softmax scale, or the softcap's pre-scale: free), except
   // with ALiBi and no softcap, whose bias is added to true scores: S is scaled there.
   template <class TensorS>
-  __device__ void fp8_scales(TensorS& s, const TileWork& w, int wg_row0, int n, Softmax& sm) const {
-    const float qk = w.fp8.q_at(wg_row0) * w.fp8.k_at_tile(n);
+  __device__ void fp8_scales(TensorS& s, const TileWork& w, int wg_row0, int col0, Softmax& sm) const {
+    const float qk = w.fp8.q_at(wg_row0) * w.fp8.k_at(col0);
     sm.tf = tf_base;
     if (tf_base.softcap > 0.f) {
       sm.tf.pre_scale = tf_base.pre_scale * qk;

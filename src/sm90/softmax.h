@@ -52,11 +52,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // kMaxOffsetLog2 (FP8, FA3's Max_offset): P = 2^k exp2(S * scale - m), in [0, 2^k], so that P
 // uses E4M3's range (max 448) instead of [0, 1]; O / l cancels the factor and finalize takes it
-// out of the LSE. With kLazyMax, P reaches 2^(k + kSlackLog2): FP8 keeps that <= 2^8.
-template <int kRows, bool kLazyMax, int kMaxOffsetLog2 = 0, int kSlackLog2 = int(kLazyMaxSlackLog2)>
+// out of the LSE. Not with kLazyMax, whose P already reaches 2^kLazyMaxSlackLog2.
+template <int kRows, bool kLazyMax, int kMaxOffsetLog2 = 0>
 struct WarpgroupSoftmax {
-  static_assert(kMaxOffsetLog2 == 0 || (kLazyMax ? kMaxOffsetLog2 + kSlackLog2 : kMaxOffsetLog2) <= 8,
-                "FP8's P must stay <= 2^8 (E4M3's max is 448)");
+  static_assert(!(kLazyMax && kMaxOffsetLog2 != 0));
   OnlineSoftmaxRow row[kRows];
   ScoreTransform tf;
 
@@ -93,7 +92,7 @@ struct WarpgroupSoftmax {
       // row_add differs between the quad's lanes (it holds each lane's own column offset), so
       // it joins before the quad max: the lanes then agree on the row's max.
       mx = quad_max(mx + row_add[r]);
-      scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, float(kSlackLog2))
+      scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
                           : row[r].update_max(mx * tf.exp2_scale);
       const float off = kMaxOffsetLog2 != 0 ? float(kMaxOffsetLog2) - row[r].exp_offset() : -row[r].exp_offset();
       const float neg_off = fmaf(row_add[r], tf.exp2_scale, off);

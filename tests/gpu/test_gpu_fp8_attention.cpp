@@ -1,9 +1,9 @@
 // The sm90 FP8 (E4M3) forward (issue 16) against fp64 attention of the dequantized inputs
-// (tests/fp8_problem.h), on CUDA tensors. The kernel rounds P to E4M3 (2^6 to 2^8 times P, so
-// each entry moves by at most 2^-4 of itself in E4M3's normal range, 2^-10 / 2^6 below it) and
+// (tests/fp8_problem.h), on CUDA tensors. The kernel rounds P to E4M3 (2^8 times P, so each
+// entry moves by at most 2^-4 of itself in E4M3's normal range, 2^-10 / 2^8 below it) and
 // accumulates Q K^T of the codes in the tensor cores (reported to keep ~14 bits), so per output
 // element (normalized P, c the head-dim column):
-//   |out - O| <= 2^-4 sum_j P_ij |v_jc| + sum_j P_ij ds_ij (|v_jc| + |O_ic|) + 2^-16 sum_j |v_jc|
+//   |out - O| <= 2^-4 sum_j P_ij |v_jc| + sum_j P_ij ds_ij (|v_jc| + |O_ic|) + 2^-18 sum_j |v_jc| P>0
 //               + u |O| (the output's rounding) + 1e-6 sum_j P_ij |v_jc| (fp32 sums)
 // with ds_ij = 2^-9 scale sum_c |q_ic k_jc| (fp8_problem.h says why); the bound's terms come from Expected. LSE: within
 // max_j ds_ij + 1e-5 |LSE| + 1e-5. The cases make attention sharp (a large softmax scale) as well
@@ -91,7 +91,7 @@ void expect_within_fp8_bound(const Fp8Problem& P, const Expected& e) {
   for (size_t i = 0; i < e.o.size(); ++i) {
     const double got = P.out_at(i), want = e.o[i];
     const double tol = std::ldexp(e.pv_abs[i], -4) + e.ds_pv[i] + 1e-6 * e.pv_abs[i] + u * std::fabs(want) +
-                       std::ldexp(e.v_abs_sum[i], -16) + 1e-6;
+                       std::ldexp(e.pv_abs[i], -18) + 1e-6;
     const double err = std::fabs(got - want);
     if (!(err <= tol) && bad++ < 5)
       ADD_FAILURE() << P.c.str() << " seed " << P.seed << ": out[" << i << "] = " << got << ", expected " << want
