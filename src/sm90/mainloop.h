@@ -281,8 +281,11 @@ struct Mainloop {
       v_zero = vs == 0.f;
       if (!v_zero) {
         const float ratio = v_scale / vs;
+        if (ratio != 1.f) {  // the same for the whole tile: rescale_o stays warp-uniform
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
+          for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
+          rescale_o = true;
+        }
         v_scale = vs;
       }
     }

@@ -185,9 +185,9 @@ struct Producer {
 // position 4q + j holds key {2q, 2q + 1, 2q + 8, 2q + 9}[j].
 // Per 16 keys x 32 head dims, one ldmatrix.x4.trans (16-bit elements) gives lane L the bytes
 // V[2q + {0, 1}][2c + {0, 1}] (q = L % 4, c = L / 4) of keys 0-7 and 8-15 of two 16-column
-// halves; two byte_perms per half make the head dims' 4-key words. Lanes with c >= 4 write
-// their odd head dim first, so each store's 32 lanes hit 8 different swizzle rows: no bank
-// conflicts on either side (the loads read 8 keys of one 16-byte column, swizzled apart).
+// halves; two byte_perms per half make the head dims' 4-key words, which one stmatrix.x4 stores
+// (matrix rows = head dims, 16 bytes = the 16 keys). The loads read 8 keys of one 16-byte column,
+// swizzled apart (no conflicts); a stored matrix's 8 rows 2r + d hit 4 swizzle rows (2-way).
 // The threads follow the tile sequence like the consumers (same scheduler, same skipped
 // tiles), so they transpose exactly the blocks the producer loads, in its order.
 template <class Traits>
@@ -225,47 +225,46 @@ struct VTransposer {
   }
 
  private:
-  // Byte offset of (row, col) in a stage of a K-major 8-bit layout with the 128-byte swizzle,
-  // cols a multiple of 128 (the GMMA atom is 8 rows x 128 bytes, tiled down the rows first;
-  // the swizzle XORs the row's low 3 bits into the 16-byte column). Written out because the
-  // CuTe evaluation costs ~30 instructions per address in this 32-register warpgroup; equal
-  // to Traits::SmemLayoutV / SmemLayoutVt (checked against CuTe on the host for hdim 128/256).
-  template <int kRows>
-  __device__ static uint32_t sw128_offset(uint32_t row, uint32_t col) {
-    return (col >> 7) * (kRows * 128u) + row * 128u + ((col & 127u) ^ ((row & 7u) << 4));
-  }
+  // Offsets are written out for the K-major 8-bit layouts with the 128-byte swizzle, cols a
+  // multiple of 128 (the GMMA atom is 8 rows x 128 bytes, tiled down the rows first; the swizzle
+  // XORs the row's low 3 bits into the 16-byte column): (row, col) is at
+  //   (col / 128) (rows x 128) + row x 128 + ((col % 128) ^ ((row % 8) x 16)),
+  // equal to Traits::SmemLayoutV / SmemLayoutVt (checked against CuTe on the host for hdim
+  // 128/256). The CuTe evaluation costs ~30 instructions per address in this 24-register warpgroup.
   static_assert(kD % 128 == 0 && kBlockN % 128 == 0 && sizeof(Element) == 1,
                 "the transpose's offsets assume 128-byte swizzled rows on both sides");
 
   __device__ static void transpose(TensorStorage& ts, int src_stage, int dst_stage, int tid) {
     using namespace cute;
-    const uint32_t src_base = cast_smem_ptr_to_uint(ts.smem_v.data()) + uint32_t(src_stage) * Traits::kBytesKV;
-    const uint32_t dst_base = cast_smem_ptr_to_uint(ts.smem_vt.data()) + uint32_t(dst_stage) * Traits::kBytesKV;
     const uint32_t warp = uint32_t(tid) / 32, lane = uint32_t(tid) % 32;
-    const uint32_t mat = lane / 8, mrow = lane % 8;  // the row address this lane gives ldmatrix
-    const uint32_t q = lane % 4, c = lane / 4;       // what it gets back
-    const uint32_t odd_first = c >= 4 ? 1u : 0u;
+    const uint32_t mat = lane / 8, mrow = lane % 8;  // the row address this lane gives ldmatrix / stmatrix
+    // ldmatrix: matrices 0/1 are keys 0-7 / 8-15 of head dims h32..+15, 2/3 the same of h32+16..+31.
+    const uint32_t src_lane = cast_smem_ptr_to_uint(ts.smem_v.data()) + uint32_t(src_stage) * Traits::kBytesKV +
+                              (8 * (mat & 1) + mrow) * 128u;
+    const uint32_t src_col = 16 * (mat >> 1), src_xor = mrow << 4;
+    // stmatrix: matrix 0 is head dims h32 + 2r (r = 0..7), 1 is h32 + 2r + 1, 2 and 3 the same
+    // plus 16; each row's 16 bytes are the 16 keys of group g.
+    const uint32_t dst_row = 16 * (mat >> 1) + 2 * mrow + (mat & 1);
+    const uint32_t dst_lane = cast_smem_ptr_to_uint(ts.smem_vt.data()) + uint32_t(dst_stage) * Traits::kBytesKV +
+                              dst_row * 128u;
+    const uint32_t dst_xor = (dst_row & 7u) << 4;
 #pragma unroll 1
     for (uint32_t u = warp; u < uint32_t(kUnits); u += kWarps) {
       const uint32_t g = u % (kBlockN / 16), h32 = (u / (kBlockN / 16)) * 32;
-      // Matrices 0/1: keys 0-7 / 8-15 of head dims h32..+15; 2/3: the same of h32+16..+31.
-      const uint32_t src = src_base + sw128_offset<kBlockN>(16 * g + 8 * (mat & 1) + mrow, h32 + 16 * (mat >> 1));
+      const uint32_t col = h32 + src_col;
+      const uint32_t src = src_lane + g * (16 * 128u) + (col >> 7) * (kBlockN * 128u) + ((col & 127u) ^ src_xor);
       uint32_t r0, r1, r2, r3;
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                    : "r"(src));
-      const uint32_t p = 16 * g + 4 * q;
-      const uint32_t h = h32 + 2 * c;
+      // Lane L (q = L % 4, c = L / 4) holds keys {2q, 2q+1} and {2q+8, 2q+9} of head dims
+      // h32 + 2c, +1 (r0, r1) and h32 + 16 + 2c, +1 (r2, r3); its 4-key words at position 4q:
       const uint32_t lo_even = __byte_perm(r0, r1, 0x6420), lo_odd = __byte_perm(r0, r1, 0x7531);
       const uint32_t hi_even = __byte_perm(r2, r3, 0x6420), hi_odd = __byte_perm(r2, r3, 0x7531);
-      store_u32(dst_base + sw128_offset<kD>(h + odd_first, p), odd_first ? lo_odd : lo_even);
-      store_u32(dst_base + sw128_offset<kD>(h + 1 - odd_first, p), odd_first ? lo_even : lo_odd);
-      store_u32(dst_base + sw128_offset<kD>(h + 16 + odd_first, p), odd_first ? hi_odd : hi_even);
-      store_u32(dst_base + sw128_offset<kD>(h + 17 - odd_first, p), odd_first ? hi_even : hi_odd);
+      const uint32_t dst = dst_lane + h32 * 128u + ((16 * g) ^ dst_xor);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(lo_even),
+                   "r"(lo_odd), "r"(hi_even), "r"(hi_odd));
     }
-  }
-  __device__ static void store_u32(uint32_t smem_addr, uint32_t v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr), "r"(v));
   }
 };
 

@@ -78,7 +78,7 @@ struct WarpgroupSoftmax {
   // by before adding this block's P V. kLazyMax: the max moves lazily (update_max_lazy),
   // P <= 2^8, and after the first block or two scale is 1 for every row, so the O rescale can
   // be skipped. Returns whether any row of this warp needs its O rescaled (warp-uniform;
-  // always true without kLazyMax, so the caller's test folds away).
+  // always true without kLazyMax and kMaxOffsetLog2, so the caller's test folds away).
   // row_add[r]: a term of every score of row r that S leaves out (ALiBi's query term on a tile
   // where it is separable, mainloop.h); 0 elsewhere, which gives exactly the plain results.
   template <class TensorS>
@@ -105,7 +105,9 @@ struct WarpgroupSoftmax {
       }
       row[r].l += sum;
     }
-    if constexpr (!kLazyMax) return true;
+    // Without kLazyMax the factor is still exactly 1 for rows whose max did not move; FP8
+    // (kMaxOffsetLog2) asks, because its GEMMs are short and the O rescale shows.
+    if constexpr (!kLazyMax && kMaxOffsetLog2 == 0) return true;
     bool rescale = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) rescale |= scale[r] != 1.f;
