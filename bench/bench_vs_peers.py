@@ -23,7 +23,9 @@ FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d (halved when causal), bwd
 --variants dropout,alibi adds rows "<impl>+dropout" (dropout_p = --dropout-p) and "<impl>+alibi"
 (slopes 2^(-8(i+1)/nheads)) for every implementation that has the option (dropout: ours and SDPA's
 backends; ALiBi: ours and FlexAttention's score_mod), timed in the same passes as the plain rows;
-the table adds each variant's cost (variant / plain) for ours.
+the table adds each variant's cost (variant / plain) for ours. --variants fp8 adds "<impl>+fp8"
+for our sm90 forward on FP8 (E4M3) inputs: Q, K, V quantized once with 128-token block scales by
+flashattn.fp8.quantize (not timed), O in bf16; forward only (its fwdbwd is reported as n/a).
 
     python bench/bench_vs_peers.py [--quick] [--hdims 64,128] [--seqlens 512,4096] [--modes fwd]
                                    [--impls flashattn-sm90,cudnn] [--rounds 5] [--out FILE | --out-dir DIR]
@@ -59,6 +61,7 @@ RUN_ORDER = ["cudnn", "fa2", "efficient", "flashattn-sm90", "flashattn-sm90-det"
 VARIANT_IMPLS = {
     "dropout": ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "cudnn", "fa2", "efficient"],
     "alibi": ["flashattn-sm90", "flashattn-sm90-det", "flashattn-sm80", "flex"],
+    "fp8": ["flashattn-sm90"],
 }
 VARIANT = {"dropout_p": 0.1}  # set by main from --dropout-p
 TOTAL_TOKENS = 16384
@@ -162,7 +165,7 @@ def _sdpa(backend_name, variant=None):
 
 def _flashattn(backend, deterministic=False, variant=None):
     import flashattn
-    from flashattn.interface import _flash_attn
+    from flashattn.interface import _flash_attn, _fp8_args
 
     if backend not in flashattn.compiled_backends():
         raise Unavailable(f"{backend} is not compiled into {flashattn.library_path()}")
@@ -173,6 +176,19 @@ def _flashattn(backend, deterministic=False, variant=None):
         raise Unavailable(f"sm80 needs compute capability 8.0+, this GPU has {cc[0]}.{cc[1]}")
 
     def make(q, k, v, dout, causal):
+        if variant == "fp8":
+            from flashattn import fp8
+
+            (q8, qs), (k8, ks), (v8, vs) = (fp8.quantize(t.detach(), block_size=128) for t in (q, k, v))
+
+            def fwd_fp8():
+                return _flash_attn(q8, k8, v8, causal=causal, backend=backend,
+                                   fp8=_fp8_args(qs, ks, vs, None, None, None, 128, 128, None))
+
+            def fwdbwd_fp8():
+                raise NotImplementedError("FP8 attention is forward-only")
+
+            return fwd_fp8, fwdbwd_fp8
         mods = {}
         if variant == "dropout":
             mods["dropout_p"] = VARIANT["dropout_p"]
@@ -407,7 +423,7 @@ def main(argv=None):
                     results[(impl, mode) + key] = tf
                     rows.append({"impl": impl.partition("+")[0], "variant": impl.partition("+")[2] or "plain",
                                  "dropout_p": args.dropout_p if impl.endswith("+dropout") else 0.0,
-                                 "mode": mode, "dtype": "bf16", "hdim": hdim, "seqlen": seqlen,
+                                 "mode": mode, "dtype": "fp8" if impl.endswith("+fp8") else "bf16", "hdim": hdim, "seqlen": seqlen,
                                  "batch": batch, "nheads": nheads, "causal": causal, "tflops": round(tf, 2),
                                  "tflops_rounds": [round(f / (t * 1e-3) / 1e12, 2) if t > 0 else None
                                                    for t in rounds[mode]]})
