@@ -21,31 +21,13 @@
 
 #include "flashattn/flashattn.h"
 #include "fp8_problem.h"
+#include "gpu_test_env.h"
 #include "test_util.h"
 
 namespace flashattn::test::fp8 {
 namespace {
 
-bool have_sm90(std::string* why) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    *why = "no CUDA device";
-    return false;
-  }
-  if (!(flashattn_compiled_backends() & (1u << FLASHATTN_BACKEND_SM90))) {
-    *why = "this build has no sm90 path";
-    return false;
-  }
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-  if (major != 9 || minor != 0) {
-    *why = "device 0 is not sm90";
-    return false;
-  }
-  return true;
-}
+bool have_sm90(std::string* why) { return sm90_available(why); }
 
 template <class T>
 T* to_device(const std::vector<T>& h) {

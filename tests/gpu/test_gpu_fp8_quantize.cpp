@@ -25,25 +25,13 @@
 
 #include "common/half_convert.h"
 #include "flashattn/flashattn.h"
+#include "gpu_test_env.h"
 #include "test_util.h"
 
 namespace flashattn::test {
 namespace {
 
-bool have_gpu(std::string* why) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    *why = "no CUDA device";
-    return false;
-  }
-  if (!(flashattn_compiled_backends() &
-        ((1u << FLASHATTN_BACKEND_SM80) | (1u << FLASHATTN_BACKEND_SM90)))) {
-    *why = "this build has no CUDA path";
-    return false;
-  }
-  return true;
-}
+bool have_gpu(std::string* why) { return cuda_path_available(why); }
 
 constexpr uint8_t kPoison = 0x5A;
 
