@@ -231,8 +231,9 @@ struct VTransposer {
   //   (col / 128) (rows x 128) + row x 128 + ((col % 128) ^ ((row % 8) x 16)),
   // equal to Traits::SmemLayoutV / SmemLayoutVt (checked against CuTe on the host for hdim
   // 128/256). The CuTe evaluation costs ~30 instructions per address in this 24-register warpgroup.
-  static_assert(kD % 128 == 0 && kBlockN % 128 == 0 && sizeof(Element) == 1,
-                "the transpose's offsets assume 128-byte swizzled rows on both sides");
+  // kBlockN == 128: the stores below leave out the column-block term (16 g < 128).
+  static_assert(kD % 128 == 0 && kBlockN == 128 && sizeof(Element) == 1,
+                "the transpose's offsets assume 128-byte swizzled rows on both sides and 128 keys");
 
   __device__ static void transpose(TensorStorage& ts, int src_stage, int dst_stage, int tid) {
     using namespace cute;
