@@ -36,6 +36,7 @@ struct Fp8Case {
   std::vector<int> seqlens_q, seqlens_k;  // varlen when non-empty (batch, sq, sk derived)
   bool per_tensor = false;                // every scale of a tensor equal
   float softmax_scale = 0.f;              // 0: 1 / sqrt(d)
+  bool alibi = false;                     // slopes 2^(-8 (h + 1) / hq), one per query head
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string str() const {
@@ -50,6 +51,7 @@ struct Fp8Case {
     if (varlen()) s += " varlen";
     if (per_tensor) s += " per-tensor";
     if (softmax_scale > 0) s += " scale" + std::to_string(softmax_scale);
+    if (alibi) s += " alibi";
     return s;
   }
 };
@@ -67,6 +69,7 @@ struct Fp8Problem {
   int rows_q = 0, rows_k = 0;  // rows of the (packed) tensors per batch entry
   std::vector<uint8_t> q, k, v;
   std::vector<float> q_scale, k_scale, v_scale;
+  std::vector<float> slopes;  // ALiBi, [hq] (empty: off)
   std::vector<uint16_t> out;
   std::vector<float> lse;
 
@@ -111,6 +114,8 @@ struct Fp8Problem {
     scales(q_scale, size_t(c.batch) * c.hq * blocks(c.sq, c.q_block));
     scales(k_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block));
     scales(v_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block));
+    if (c.alibi)
+      for (int h = 0; h < c.hq; ++h) slopes.push_back(std::exp2(-8.f * float(h + 1) / float(c.hq)));
     out.assign(size_t(tensors_b) * rows_q * c.hq * c.d, 0x7fc1);  // NaN in fp16 and bf16
     lse.assign(size_t(c.batch) * c.hq * c.sq, std::numeric_limits<float>::quiet_NaN());
     if (c.varlen()) lse.assign(size_t(c.hq) * rows_q, std::numeric_limits<float>::quiet_NaN());
@@ -138,6 +143,7 @@ struct Fp8Problem {
     p.options.window_right = c.window_right;
     p.options.softcap = c.softcap;
     p.options.softmax_scale = c.softmax_scale;
+    if (c.alibi) p.alibi_slopes = slopes.data();
     p.options.backend = backend;
     if (c.varlen()) {
       p.varlen.cu_seqlens_q = cu_q.data();
@@ -213,6 +219,7 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
           ds[j] = std::ldexp(dot_abs * scale, -9);
           double sc = dot * double(float(scale));  // the library takes softmax_scale as a float
           if (c.softcap > 0) sc = double(c.softcap) * std::tanh(sc / double(c.softcap));
+          if (c.alibi) sc -= double(P.slopes[h]) * std::fabs(double(i + shift - j));  // after the softcap
           s[j] = sc;
           m = std::max(m, sc);
         }

@@ -74,6 +74,14 @@ std::vector<Fp8Case> cases() {
   c.seqlens_q = {113, 1}, c.seqlens_k = {7, 113}, c.hq = 2, c.hkv = 1, c.d = 64, c.q_block = 1, c.k_block = 7;
   c.window_left = 3, c.softcap = 2.f, c.out_dtype = FLASHATTN_DTYPE_FP16;
   v.push_back(c);
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 113, c.sk = 799, c.hq = 4, c.hkv = 2, c.d = 32, c.q_block = 7, c.k_block = 128;
+  c.alibi = true, c.causal = true;
+  v.push_back(c);  // ALiBi (bottom-right aligned), causal
+  c = Fp8Case{};
+  c.seqlens_q = {7, 300}, c.seqlens_k = {113, 5}, c.hq = 2, c.hkv = 1, c.d = 64, c.q_block = 128, c.k_block = 1;
+  c.alibi = true, c.softcap = 3.f;
+  v.push_back(c);  // ALiBi after the softcap, varlen
   return v;
 }
 
