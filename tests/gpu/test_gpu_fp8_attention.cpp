@@ -51,9 +51,11 @@ flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN
   float* vs = to_device(P.v_scale);
   int32_t* cu_q = P.c.varlen() ? to_device(P.cu_q) : nullptr;
   int32_t* cu_k = P.c.varlen() ? to_device(P.cu_k) : nullptr;
+  float* slopes = P.c.alibi ? to_device(P.slopes) : nullptr;
   p.q.data = q, p.k.data = k, p.v.data = v, p.out.data = out, p.lse = lse;
   p.fp8.q_scale = qs, p.fp8.k_scale = ks, p.fp8.v_scale = vs;
   if (P.c.varlen()) p.varlen.cu_seqlens_q = cu_q, p.varlen.cu_seqlens_k = cu_k;
+  if (P.c.alibi) p.alibi_slopes = slopes;
   const flashattn_status st = flashattn_fwd(&p, nullptr, 0, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   if (st == FLASHATTN_SUCCESS) {
@@ -61,7 +63,7 @@ flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN
     EXPECT_EQ(cudaMemcpy(P.lse.data(), lse, P.lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   }
   for (void* x : {(void*)q, (void*)k, (void*)v, (void*)out, (void*)lse, (void*)qs, (void*)ks, (void*)vs,
-                  (void*)cu_q, (void*)cu_k})
+                  (void*)cu_q, (void*)cu_k, (void*)slopes})
     if (x) cudaFree(x);
   return st;
 }
@@ -167,6 +169,8 @@ TEST(GpuFp8AttentionApi, RefusesWhatTheKernelCannotRun) {
   bad.push_back({c, "fp8.k_block_size"});
   c.k_block = 128, c.d = 144;  // no FP8 kernel that large
   bad.push_back({c, "headdim"});
+  c.d = 128, c.alibi = true;  // not yet checked on a GPU: refused
+  bad.push_back({c, "alibi_slopes"});
   for (Bad& b : bad) {
     Fp8Problem P(b.c, 1);
     EXPECT_EQ(run_on_gpu(P), FLASHATTN_ERROR_NOT_SUPPORTED) << b.c.str();
