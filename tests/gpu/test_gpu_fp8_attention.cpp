@@ -155,6 +155,13 @@ std::vector<Fp8Case> gpu_cases() {
   c.batch = 1, c.sq = 799, c.sk = 799, c.hq = 2, c.hkv = 2, c.d = 192, c.causal = true;
   c.out_dtype = FLASHATTN_DTYPE_FP16;
   v.push_back(c);  // hdim 192 on the 256 kernel, causal
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 300, c.sk = 1031, c.hq = 4, c.hkv = 2, c.d = 128, c.alibi = true, c.softmax_scale = 0.3f;
+  v.push_back(c);  // ALiBi: the kernel scales S explicitly there (mainloop.h fp8_scales)
+  c = Fp8Case{};
+  c.seqlens_q = {129, 7}, c.seqlens_k = {1000, 300}, c.hq = 2, c.hkv = 1, c.d = 128, c.alibi = true;
+  c.softcap = 4.f, c.causal = true;
+  v.push_back(c);  // ALiBi after the softcap (folded into its pre-scale), varlen, causal
   return v;
 }
 
