@@ -168,10 +168,6 @@ const char* fp8_unsupported(const FwdParams& p) {
   if (p.fp8.out_dtype != FLASHATTN_DTYPE_BF16 && p.fp8.out_dtype != FLASHATTN_DTYPE_FP16)
     return "fp8.out_dtype: sm90 FP8 writes bf16 or fp16";
   if (p.dropout.threshold != 0) return "dropout_p: dropout is not supported with dtype fp8_e4m3 (forward-only FP8)";
-  // The kernel has an ALiBi path for FP8 (mainloop.h fp8_scales), not yet checked on a GPU.
-  if (p.alibi.enabled())
-    return "alibi_slopes: not supported with dtype fp8_e4m3 on sm90 yet (the reference backend runs it on host "
-           "tensors)";
   if (find_launch_fp8(p.shape.headdim, p.fp8.out_dtype) == nullptr) {
     if (p.shape.headdim % 16 != 0)
       std::snprintf(msg, sizeof(msg), "headdim %d: sm90 FP8 needs a multiple of 16 (16-byte rows for TMA; pad the "
