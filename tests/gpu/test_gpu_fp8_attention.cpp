@@ -75,7 +75,7 @@ void expect_within_fp8_bound(const Fp8Problem& P, const Expected& e) {
   for (size_t i = 0; i < e.o.size(); ++i) {
     const double got = P.out_at(i), want = e.o[i];
     const double tol = std::ldexp(e.pv_abs[i], -4) + e.ds_pv[i] + 1e-6 * e.pv_abs[i] + u * std::fabs(want) +
-                       std::ldexp(e.pv_abs[i], -18) + 1e-6;
+                       std::ldexp(e.pv_abs[i], -18) + e.p_flush[i] + 1e-6;
     const double err = std::fabs(got - want);
     if (!(err <= tol) && bad++ < 5)
       ADD_FAILURE() << P.c.str() << " seed " << P.seed << ": out[" << i << "] = " << got << ", expected " << want
