@@ -176,9 +176,14 @@ struct Fp8Problem {
 // it adds a K = 32 chunk's products (aligned to the largest one), which can lose up to ~32 x 2^-14
 // of that chunk's largest product (2^-12 measured too tight once in ~20 sharp cases: an LSE off
 // by 0.04 at LSE 53); per row ds_max = max_j ds_ij.
+// p_flush = sum_j min(P_ij, 2^-18 / l_i) |v_jc|: P is rounded to E4M3 as p 2^8 with
+// p = exp(s - running max) <= 1, and below E4M3's smallest normal (2^-6) the spacing is fixed at
+// 2^-9, so a small p is off by up to min(p, 2^-10 2^-8 = 2^-18) absolute, not 2^-4 relative; a
+// later larger max only shrinks that (found on a sharp window case: O was 0 where -7e-6 was
+// expected, 1.27x the bound without this term).
 struct Expected {
   std::vector<double> o, lse;
-  std::vector<double> pv_abs, ds_pv, ds_max;
+  std::vector<double> pv_abs, ds_pv, ds_max, p_flush;
 };
 
 inline Expected attention_of_dequantized(const Fp8Problem& P) {
@@ -190,6 +195,7 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
   e.pv_abs.assign(e.o.size(), 0.0);
   e.ds_pv.assign(e.o.size(), 0.0);
   e.ds_max.assign(P.lse.size(), 0.0);
+  e.p_flush.assign(e.o.size(), 0.0);
   const double scale = c.softmax_scale > 0 ? double(c.softmax_scale) : 1.0 / std::sqrt(double(c.d));
   const int nbq = blocks(c.sq, c.q_block), nbk = blocks(c.sk, c.k_block);
   for (int b = 0; b < c.batch; ++b) {
@@ -235,9 +241,11 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
         for (int j = 0; j < sk; ++j) {
           const double pj = std::exp(s[j] - m) / l;
           if (pj == 0) continue;
+          const double pj_flush = std::min(pj, std::ldexp(1.0 / l, -18));
           const double vs = P.v_scale[(size_t(b) * c.hkv + kvh) * nbk + j / c.k_block];
           for (int x = 0; x < c.d; ++x) {
             const double vv = double(e4m3_to_float(P.v[((size_t(tbi) * P.rows_k + k0 + j) * c.hkv + kvh) * c.d + x])) * vs;
+            e.p_flush[oi + x] += pj_flush * std::fabs(vv);
             o[x] += pj * vv;
             e.pv_abs[oi + x] += pj * std::fabs(vv);
             e.ds_pv[oi + x] += pj * ds[j] * std::fabs(vv);

@@ -46,6 +46,9 @@ std::atomic<int> g_overlap{1};
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
 FA_SM90_FP8_EXTERN(128)
 #endif
+#if defined(FLASHATTN_SM90_FP8_HDIM_256)
+FA_SM90_FP8_EXTERN(256)
+#endif
 #if defined(FLASHATTN_SM90_HDIM_64)
 FA_SM90_FOR_EACH_DTYPE(64)
 #endif
@@ -113,6 +116,9 @@ int kernel_headdim_fp8(int headdim) {
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
       128,
 #endif
+#if defined(FLASHATTN_SM90_FP8_HDIM_256)
+      256,
+#endif
       0};
   return kernel_headdim_for(headdim, kCompiled);
 }
@@ -126,6 +132,9 @@ LaunchFn find_launch_fp8(int headdim, flashattn_dtype out) {
   switch (kernel_headdim_fp8(headdim)) {
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
     case 128: return pick_fp8<128>(out);
+#endif
+#if defined(FLASHATTN_SM90_FP8_HDIM_256)
+    case 256: return pick_fp8<256>(out);
 #endif
     default: return nullptr;
   }
@@ -159,16 +168,12 @@ const char* fp8_unsupported(const FwdParams& p) {
   if (p.fp8.out_dtype != FLASHATTN_DTYPE_BF16 && p.fp8.out_dtype != FLASHATTN_DTYPE_FP16)
     return "fp8.out_dtype: sm90 FP8 writes bf16 or fp16";
   if (p.dropout.threshold != 0) return "dropout_p: dropout is not supported with dtype fp8_e4m3 (forward-only FP8)";
-  // The kernel has an ALiBi path for FP8 (mainloop.h fp8_scales), not yet checked on a GPU.
-  if (p.alibi.enabled())
-    return "alibi_slopes: not supported with dtype fp8_e4m3 on sm90 yet (the reference backend runs it on host "
-           "tensors)";
   if (find_launch_fp8(p.shape.headdim, p.fp8.out_dtype) == nullptr) {
     if (p.shape.headdim % 16 != 0)
       std::snprintf(msg, sizeof(msg), "headdim %d: sm90 FP8 needs a multiple of 16 (16-byte rows for TMA; pad the "
                     "head dim)", p.shape.headdim);
     else
-      std::snprintf(msg, sizeof(msg), "headdim %d: no sm90 FP8 kernel for it (FP8 head dims: up to 128; the "
+      std::snprintf(msg, sizeof(msg), "headdim %d: no sm90 FP8 kernel for it (FP8 head dims: up to 256; the "
                     "reference backend runs any on host tensors)", p.shape.headdim);
     return msg;
   }

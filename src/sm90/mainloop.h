@@ -360,22 +360,25 @@ struct Mainloop {
     using namespace cute;
     static_assert(decltype(size(tSrS))::value == kBlockN / 2 && decltype(cosize(FragP{}.layout()))::value == kBlockN / 2);
     uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
-    cutlass::NumericArrayConverter<cutlass::float_e4m3_t, float, 4> cvt;
+    const uint32_t keep = v_zero ? 0u : ~0u;  // this block's V is zero: it adds nothing
 #pragma unroll
     for (int i = 0; i < kBlockN / 16; ++i) {    // 16-key half i of 32-key chunk i / 2
 #pragma unroll
       for (int h = 0; h < 2; ++h) {             // row r, r + 8
-        cutlass::Array<float, 4> x;
-        x[0] = tSrS(8 * i + 2 * h);
-        x[1] = tSrS(8 * i + 2 * h + 1);
-        x[2] = tSrS(8 * i + 4 + 2 * h);
-        x[3] = tSrS(8 * i + 5 + 2 * h);
-        const cutlass::Array<cutlass::float_e4m3_t, 4> y = cvt(x);
-        uint32_t word = *reinterpret_cast<const uint32_t*>(&y);
-        if (v_zero) word = 0u;
-        out[4 * (i / 2) + h + 2 * (i % 2)] = word;
+        out[4 * (i / 2) + h + 2 * (i % 2)] = e4m3x4(tSrS(8 * i + 2 * h), tSrS(8 * i + 2 * h + 1),
+                                                    tSrS(8 * i + 4 + 2 * h), tSrS(8 * i + 5 + 2 * h)) & keep;
       }
     }
+  }
+  // Four floats -> E4M3 (round to nearest even, saturating at 448), the first in the low byte:
+  // two packed conversions (cvt puts its first operand in the high byte) and one register pair.
+  __device__ static uint32_t e4m3x4(float a, float b, float c, float d) {
+    uint32_t w;
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        " mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(w)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return w;
   }
 };
 
