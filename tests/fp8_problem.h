@@ -37,6 +37,7 @@ struct Fp8Case {
   bool per_tensor = false;                // every scale of a tensor equal
   float softmax_scale = 0.f;              // 0: 1 / sqrt(d)
   bool alibi = false;                     // slopes 2^(-8 (h + 1) / hq), one per query head
+  int v_scale_exp = 2;                    // V's block scales are u 2^e / 60, |e| <= this
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string str() const {
@@ -52,6 +53,7 @@ struct Fp8Case {
     if (per_tensor) s += " per-tensor";
     if (softmax_scale > 0) s += " scale" + std::to_string(softmax_scale);
     if (alibi) s += " alibi";
+    if (v_scale_exp != 2) s += " vscale2^+-" + std::to_string(v_scale_exp);
     return s;
   }
 };
@@ -106,14 +108,17 @@ struct Fp8Problem {
     // scale gives a visibly different value.
     std::uniform_real_distribution<float> ud(0.5f, 1.f);
     std::uniform_int_distribution<int> ed(-2, 2);
-    auto scales = [&](std::vector<float>& t, size_t n) {
+    auto scales = [&](std::vector<float>& t, size_t n, std::uniform_int_distribution<int>& e) {
       t.resize(n);
-      const float common = std::ldexp(ud(rng), ed(rng)) / 60.f;
-      for (auto& x : t) x = c.per_tensor ? common : std::ldexp(ud(rng), ed(rng)) / 60.f;
+      const float common = std::ldexp(ud(rng), e(rng)) / 60.f;
+      for (auto& x : t) x = c.per_tensor ? common : std::ldexp(ud(rng), e(rng)) / 60.f;
     };
-    scales(q_scale, size_t(c.batch) * c.hq * blocks(c.sq, c.q_block));
-    scales(k_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block));
-    scales(v_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block));
+    // A wider V spread puts consecutive key blocks' V scales far apart (the kernel keeps O in the
+    // largest one so far and shifts P by the ratio, clamped at 2^-64: mainloop.h).
+    std::uniform_int_distribution<int> ev(-c.v_scale_exp, c.v_scale_exp);
+    scales(q_scale, size_t(c.batch) * c.hq * blocks(c.sq, c.q_block), ed);
+    scales(k_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block), ed);
+    scales(v_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block), c.v_scale_exp == 2 ? ed : ev);
     if (c.alibi)
       for (int h = 0; h < c.hq; ++h) slopes.push_back(std::exp2(-8.f * float(h + 1) / float(c.hq)));
     out.assign(size_t(tensors_b) * rows_q * c.hq * c.d, 0x7fc1);  // NaN in fp16 and bf16
@@ -176,11 +181,13 @@ struct Fp8Problem {
 // it adds a K = 32 chunk's products (aligned to the largest one), which can lose up to ~32 x 2^-14
 // of that chunk's largest product (2^-12 measured too tight once in ~20 sharp cases: an LSE off
 // by 0.04 at LSE 53); per row ds_max = max_j ds_ij.
-// p_flush = sum_j min(P_ij, 2^-18 / l_i) |v_jc|: P is rounded to E4M3 as p 2^8 with
-// p = exp(s - running max) <= 1, and below E4M3's smallest normal (2^-6) the spacing is fixed at
-// 2^-9, so a small p is off by up to min(p, 2^-10 2^-8 = 2^-18) absolute, not 2^-4 relative; a
-// later larger max only shrinks that (found on a sharp window case: O was 0 where -7e-6 was
-// expected, 1.27x the bound without this term).
+// p_flush = sum_j min(P_ij, 2^-18 (vmax / vs_j) / l_i) |v_jc|: P is rounded to E4M3 as
+// p 2^8 vs_j / v_o with p = exp(s - running max) <= 1 (vs_j the key's V scale, v_o <= vmax the
+// V scale O is kept in: the largest of the tile's blocks so far, bounded here by the largest of
+// the sequence's), and below E4M3's smallest normal (2^-6) the spacing is fixed at 2^-9, so a
+// small p is off by up to min(p, 2^-18 v_o / vs_j) absolute, not 2^-4 relative; a later larger
+// max only shrinks that (found on a sharp window case: O was 0 where -7e-6 was expected, 1.27x
+// the bound without this term).
 struct Expected {
   std::vector<double> o, lse;
   std::vector<double> pv_abs, ds_pv, ds_max, p_flush;
@@ -237,12 +244,15 @@ inline Expected attention_of_dequantized(const Fp8Problem& P) {
         }
         double l = 0;
         for (int j = 0; j < sk; ++j) l += std::exp(s[j] - m);
+        double vmax = 0;  // the largest V scale of the sequence's key blocks
+        for (int j = 0; j < sk; j += std::min(c.k_block, sk))
+          vmax = std::max(vmax, double(P.v_scale[(size_t(b) * c.hkv + kvh) * nbk + j / c.k_block]));
         const size_t oi = ((size_t(tbi) * P.rows_q + q0 + i) * c.hq + h) * c.d;
         for (int j = 0; j < sk; ++j) {
           const double pj = std::exp(s[j] - m) / l;
           if (pj == 0) continue;
-          const double pj_flush = std::min(pj, std::ldexp(1.0 / l, -18));
           const double vs = P.v_scale[(size_t(b) * c.hkv + kvh) * nbk + j / c.k_block];
+          const double pj_flush = vs > 0 ? std::min(pj, std::ldexp(vmax / vs / l, -18)) : 0.0;
           for (int x = 0; x < c.d; ++x) {
             const double vv = double(e4m3_to_float(P.v[((size_t(tbi) * P.rows_k + k0 + j) * c.hkv + kvh) * c.d + x])) * vs;
             e.p_flush[oi + x] += pj_flush * std::fabs(vv);

@@ -83,9 +83,11 @@ struct Mainloop {
   FragP tOrP;                   // P of the block whose P V is still to be issued
   float scale[kRows];           // what O is multiplied by before that P V
   bool rescale_o;               // some row of this warp has scale != 1 (warp-uniform)
-  // FP8: O is kept in units of the V scale of the last block added (v_scale); a block with
-  // another scale rescales O by the ratio with the softmax's factor; the epilogue applies the
-  // last one (o_scale). A block whose V scale is 0 adds nothing (v_zero: its P is cleared).
+  // FP8: O is kept in units of v_scale, the largest V scale of the tile's blocks so far. A
+  // block with a smaller scale vs multiplies its P by vs / v_scale inside the softmax's exp2
+  // (P stays <= 2^8: no overflow, and no per-score work); one with a larger scale rescales O by
+  // the ratio with the softmax's factor (rare: a new maximum) and becomes v_scale. The epilogue
+  // applies v_scale (o_scale). A block whose V scale is 0 adds nothing (v_zero: its P is cleared).
   ScoreTransform tf_base;  // the softmax's transform before this tile's Q/K scales
   float v_scale;
   bool v_zero;
@@ -274,20 +276,29 @@ struct Mainloop {
     // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
     // varlen sequence) and the epilogue never stores them.
     if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
-    rescale_o = sm.step(s, scale, row_add);
     if constexpr (kFp8) {
-      // O += P V adds in units of this block's V scale: O so far is in v_scale's.
+      // P V adds in units of this block's V scale vs; O is in v_scale's (tile-uniform values,
+      // so rescale_o stays warp-uniform).
       const float vs = w.fp8.v_at(col0);
       v_zero = vs == 0.f;
-      if (!v_zero) {
+      float p_shift_log2 = 0.f, l_weight = 1.f;
+      const bool new_max = vs > v_scale;
+      if (!v_zero && vs < v_scale) {
+        // Clamped: below 2^-64 every P' of the block (<= 2^8 2^-64) rounds to E4M3 zero either
+        // way, and l, which undoes the shift, keeps the block's sum in fp32's range.
+        p_shift_log2 = fmaxf(__log2f(vs / v_scale), -64.f);  // < 0
+        l_weight = exp2f(-p_shift_log2);                      // the factor the exp2 applied, undone in l
+      }
+      rescale_o = sm.step(s, scale, row_add, p_shift_log2, l_weight);
+      if (new_max) {  // O so far, to the new unit
         const float ratio = v_scale / vs;
-        if (ratio != 1.f) {  // the same for the whole tile: rescale_o stays warp-uniform
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
-          rescale_o = true;
-        }
+        for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
+        rescale_o = true;
         v_scale = vs;
       }
+    } else {
+      rescale_o = sm.step(s, scale, row_add);
     }
   }
 

@@ -81,8 +81,12 @@ struct WarpgroupSoftmax {
   // always true without kLazyMax and kMaxOffsetLog2, so the caller's test folds away).
   // row_add[r]: a term of every score of row r that S leaves out (ALiBi's query term on a tile
   // where it is separable, mainloop.h); 0 elsewhere, which gives exactly the plain results.
+  // p_shift_log2 <= 0 (FP8): P of this block is multiplied by 2^p_shift_log2 (the ratio of its
+  // V scale to O's, mainloop.h) inside the exp2, and the row sum adds P / that ratio
+  // (l_weight), so l stays the softmax's denominator.
   template <class TensorS>
-  __device__ bool step(TensorS& s, float (&scale)[kRows], const float (&row_add)[kRows]) {
+  __device__ bool step(TensorS& s, float (&scale)[kRows], const float (&row_add)[kRows], float p_shift_log2 = 0.f,
+                       float l_weight = 1.f) {
     static_assert(decltype(cute::size<0>(s))::value == kRows);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -95,7 +99,8 @@ struct WarpgroupSoftmax {
       scale[r] = kLazyMax ? row[r].update_max_lazy(mx * tf.exp2_scale, kLazyMaxSlackLog2)
                           : row[r].update_max(mx * tf.exp2_scale);
       const float off = kMaxOffsetLog2 != 0 ? float(kMaxOffsetLog2) - row[r].exp_offset() : -row[r].exp_offset();
-      const float neg_off = fmaf(row_add[r], tf.exp2_scale, off);
+      // (The FP8 terms only where they exist: x + 0.f is not x for x = -0, so it would not fold.)
+      const float neg_off = fmaf(row_add[r], tf.exp2_scale, kMaxOffsetLog2 != 0 ? off + p_shift_log2 : off);
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < cute::size<1>(s); ++c) {
@@ -103,7 +108,7 @@ struct WarpgroupSoftmax {
         s(r, c) = p;
         sum += p;
       }
-      row[r].l += sum;
+      row[r].l = kMaxOffsetLog2 != 0 ? fmaf(sum, l_weight, row[r].l) : row[r].l + sum;
     }
     // Without kLazyMax the factor is still exactly 1 for rows whose max did not move; FP8
     // (kMaxOffsetLog2) asks, because its GEMMs are short and the O rescale shows.

@@ -162,6 +162,11 @@ std::vector<Fp8Case> gpu_cases() {
   c.seqlens_q = {129, 7}, c.seqlens_k = {1000, 300}, c.hq = 2, c.hkv = 1, c.d = 128, c.alibi = true;
   c.softcap = 4.f, c.causal = true;
   v.push_back(c);  // ALiBi after the softcap (folded into its pre-scale), varlen, causal
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 200, c.sk = 2000, c.hq = 2, c.hkv = 1, c.d = 128, c.v_scale_exp = 40;
+  v.push_back(c);  // V scales 2^+-40 apart: P shifted by ratios past the 2^-64 clamp, new V maxima
+  c.d = 256, c.causal = true, c.sq = 700, c.batch = 1;
+  v.push_back(c);  // the same at hdim 256, causal
   return v;
 }
 
