@@ -40,6 +40,42 @@ def quantize(x, block):
     return codes.contiguous(), scale
 
 
+def cudnn_fp8(q8, k8, v8, causal, scale):
+    """cuDNN's own FP8 SDPA forward through the nvidia-cudnn-frontend wheel (`import cudnn`), per-tensor
+    scales (all 1: the codes are the bench's per-head codes, only the time is compared), E4M3 output
+    (what cuDNN gives on Hopper; ours writes bf16). Returns a callable that runs it, or raises."""
+    import cudnn  # noqa: PLC0415 (optional)
+
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle)
+    b, s, h, d = q8.shape
+    dims, strides = (b, h, s, d), (s * h * d, d, h * d, 1)  # [b, s, h, d] memory seen as (b, h, s, d)
+    tq, tk, tv = (graph.tensor(name=n, dim=dims, stride=strides, data_type=e4m3) for n in ("q", "k", "v"))
+    scalars = [graph.tensor(name=n, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+               for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")]
+    o, _, amax_s, amax_o = graph.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=scalars[0], descale_k=scalars[1],
+                                          descale_v=scalars[2], descale_s=scalars[3], scale_s=scalars[4],
+                                          scale_o=scalars[5], is_inference=True, attn_scale=scale,
+                                          use_causal_mask=causal)
+    o.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
+    for a in (amax_s, amax_o):
+        a.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    one = torch.ones(1, 1, 1, 1, device="cuda", dtype=torch.float32)
+    out = torch.empty_like(q8)
+    amaxes = [torch.empty(1, 1, 1, 1, device="cuda", dtype=torch.float32) for _ in range(2)]
+    pack = {tq: q8, tk: k8, tv: v8, o: out, amax_s: amaxes[0], amax_o: amaxes[1]}
+    pack.update({t: one for t in scalars})
+    workspace = torch.empty(max(1, graph.get_workspace_size()), device="cuda", dtype=torch.uint8)
+    return lambda: graph.execute(pack, workspace, handle=handle)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdim", type=int, default=128)
@@ -48,6 +84,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--cudnn-fp8", action="store_true",
+                    help="also time cuDNN's FP8 SDPA (needs the nvidia-cudnn-frontend wheel; E4M3 output)")
     a = ap.parse_args()
     dev = torch.cuda.get_device_name()
     rows = []
@@ -63,6 +101,13 @@ def main():
                 (q8, qs), (k8, ks), (v8, vs) = (quantize(t, min(block, s)) for t in (q, k, v))
                 kw = dict(q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=min(block, s), k_block_size=min(block, s))
                 res[name] = timed(lambda: flash_attn_func(q8, k8, v8, causal=causal, **kw), a.iters)
+            if a.cudnn_fp8:
+                try:
+                    (q8, _), (k8, _), (v8, _) = (quantize(t, s) for t in (q, k, v))
+                    run = cudnn_fp8(q8, k8, v8, causal, 1.0 / d ** 0.5)
+                    res["cudnn-fp8-pertensor"] = timed(run, a.iters)
+                except Exception as e:  # noqa: BLE001
+                    print(f"cudnn fp8: {type(e).__name__}: {e}")
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             try:
                 from torch.nn.attention import SDPBackend, sdpa_kernel
