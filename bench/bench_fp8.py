@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--same-data-row", action="store_true",
+                    help="also time block scales on the per-head codes (code path vs data, see the row's comment)")
     ap.add_argument("--cudnn-fp8", action="store_true",
                     help="also time cuDNN's FP8 SDPA (needs the nvidia-cudnn-frontend wheel; E4M3 output)")
     a = ap.parse_args()
@@ -101,6 +103,14 @@ def main():
                 (q8, qs), (k8, ks), (v8, vs) = (quantize(t, min(block, s)) for t in (q, k, v))
                 kw = dict(q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=min(block, s), k_block_size=min(block, s))
                 res[name] = timed(lambda: flash_attn_func(q8, k8, v8, causal=causal, **kw), a.iters)
+            if a.same_data_row and s > 128:
+                # The block-scale code path on the per-head row's codes (each head's scale repeated
+                # over its blocks): is per-head FP8's lead over block scales the code or the data?
+                nb = (s + 127) // 128
+                (q8, qs), (k8, ks), (v8, vs) = (quantize(t, s) for t in (q, k, v))
+                kw = {n: x.expand(-1, -1, nb).contiguous() for n, x in (("q_scale", qs), ("k_scale", ks), ("v_scale", vs))}
+                res["flashattn-fp8-block128-headdata"] = timed(
+                    lambda: flash_attn_func(q8, k8, v8, causal=causal, q_block_size=128, k_block_size=128, **kw), a.iters)
             if a.cudnn_fp8:
                 try:
                     (q8, _), (k8, _), (v8, _) = (quantize(t, s) for t in (q, k, v))
