@@ -364,7 +364,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
 // 128 up to headdim 256; the transform needs a power-of-two headdim, already checked).
 int reg_slots(const cpu::Fp8QuantizeParams& p) {
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16) return 0;
-  if (p.headdim % 8 != 0 || p.headdim > 256 || p.x_stride[3] != 1 || p.x_fp8_stride[3] != 1) return 0;
+  if (p.headdim < 8 || p.headdim % 8 != 0 || p.headdim > 256 || p.x_stride[3] != 1 || p.x_fp8_stride[3] != 1) return 0;
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x_fp8) % 8 != 0) return 0;
   for (int i = 0; i < 3; ++i)
     if (p.x_stride[i] % 8 != 0 || p.x_fp8_stride[i] % 8 != 0) return 0;
