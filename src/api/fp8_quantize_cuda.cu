@@ -77,6 +77,22 @@ __device__ void for_each_value(const Fp8Args& a, const int8_t* signs, float* row
   __syncwarp();  // the buffer is rewritten by this warp's next row
 }
 
+// The block's scale from each thread's amax of its finite values, written by thread 0
+// (cpu::fp8_scale_from_amax: amax / 448 in fp32 (IEEE division), at least FLT_MIN, 1 for 0).
+// warp_amax: kWarps floats of shared memory; the CTA's threads all call it.
+template <int kWarps>
+__device__ float block_scale(float amax, float* warp_amax, float* scale_out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) warp_amax[warp] = amax;
+  __syncthreads();
+  amax = warp_amax[0];
+  for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
+  if (threadIdx.x == 0) *scale_out = scale;
+  return scale;
+}
+
 __global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a) {
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float rows[kWarps][kHadamardMaxDim];
@@ -103,14 +119,7 @@ __global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a)
         if (isfinite(v) && v > amax) amax = v;  // NaN/inf left out, as on the host
       });
     }
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
-    // cpu::fp8_scale_from_amax: amax / 448 in fp32 (IEEE division), at least FLT_MIN, 1 for 0.
-    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
-    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    const float scale = block_scale<kWarps>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     for (int64_t s = s0 + warp; s < s1; s += kWarps) {
       uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
@@ -145,7 +154,6 @@ __device__ __forceinline__ void load8(const Fp8Args& a, const uint16_t* src, flo
 __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8Args a) {
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float warp_amax[kVecThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunks_per_row = p.headdim / 8;
   const int64_t items = p.batch * p.nheads * a.nblocks;
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
@@ -179,13 +187,7 @@ __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8
           if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
         }
     }
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kVecThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
-    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    const float scale = block_scale<kVecThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     const int64_t dbase = b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
     for (int64_t k0 = threadIdx.x; k0 < chunks; k0 += int64_t(kVecThreads) * kVecUnroll) {
@@ -271,7 +273,6 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
   __shared__ float warp_amax[kRegThreads / 32];
   const int cpr = int(p.headdim / 8);            // chunks per row, <= 32
   const int rows_per_pass = kRegThreads / cpr;   // rows the CTA holds per register slot
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
   const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
   uint32_t negate = 0;                           // the transform's signs of this chunk's 8 columns
@@ -337,13 +338,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
           if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
         }
     }
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kRegThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
-    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    const float scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2] + (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
     const int64_t dst_slot_stride = int64_t(rows_per_pass) * p.x_fp8_stride[1];
