@@ -77,6 +77,22 @@ __device__ void for_each_value(const Fp8Args& a, const int8_t* signs, float* row
   __syncwarp();  // the buffer is rewritten by this warp's next row
 }
 
+// The block's scale from each thread's amax of its finite values, written by thread 0
+// (cpu::fp8_scale_from_amax: amax / 448 in fp32 (IEEE division), at least FLT_MIN, 1 for 0).
+// warp_amax: kWarps floats of shared memory; the CTA's threads all call it.
+template <int kWarps>
+__device__ float block_scale(float amax, float* warp_amax, float* scale_out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) warp_amax[warp] = amax;
+  __syncthreads();
+  amax = warp_amax[0];
+  for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
+  if (threadIdx.x == 0) *scale_out = scale;
+  return scale;
+}
+
 __global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a) {
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float rows[kWarps][kHadamardMaxDim];
@@ -103,14 +119,7 @@ __global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a)
         if (isfinite(v) && v > amax) amax = v;  // NaN/inf left out, as on the host
       });
     }
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
-    // cpu::fp8_scale_from_amax: amax / 448 in fp32 (IEEE division), at least FLT_MIN, 1 for 0.
-    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
-    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    const float scale = block_scale<kWarps>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     for (int64_t s = s0 + warp; s < s1; s += kWarps) {
       uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
@@ -145,7 +154,6 @@ __device__ __forceinline__ void load8(const Fp8Args& a, const uint16_t* src, flo
 __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8Args a) {
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float warp_amax[kVecThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t chunks_per_row = p.headdim / 8;
   const int64_t items = p.batch * p.nheads * a.nblocks;
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
@@ -179,13 +187,7 @@ __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8
           if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
         }
     }
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    if (lane == 0) warp_amax[warp] = amax;
-    __syncthreads();
-    amax = warp_amax[0];
-    for (int w = 1; w < kVecThreads / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
-    const float scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;
-    if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    const float scale = block_scale<kVecThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     const int64_t dbase = b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
     for (int64_t k0 = threadIdx.x; k0 < chunks; k0 += int64_t(kVecThreads) * kVecUnroll) {
@@ -211,6 +213,160 @@ __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8
     }
     __syncthreads();  // warp_amax is rewritten by the next item
   }
+}
+
+// A whole scale block in registers (16-bit inputs whose rows are contiguous and 16-byte aligned,
+// headdim a multiple of 8 up to 256, at most kRegMaxRows rows per thread): one CTA per (batch, head,
+// scale block); thread t holds chunk t % cpr (8 values) of rows t / cpr + i * (256 / cpr), raw, so
+// the block is read from DRAM once (fp8_quantize_vec_kernel's second pass re-reads it from L2),
+// with 32-bit index math (the vec kernel divides 64-bit integers per 8 values). With the
+// transform, the butterflies of distance < 8 run inside a thread's chunk and the others between
+// the cpr lanes of a row (shuffles; cpr is a power of two dividing 32 there): the same fp32
+// additions as fp8_quantize_kernel's shared-memory stages; each pass recomputes it from the raw
+// values instead of keeping 8 floats per row. Codes by the E4M3 conversion instruction where the
+// arch has it (sm89+: cvt.rn.satfinite, the bits of float_to_e4m3, common/fp8.h), NaN's sign kept.
+constexpr int kRegThreads = 256;
+constexpr int kRegMaxRows = 16;  // rows per thread at most: 64 registers of raw 16-bit values
+
+__device__ __forceinline__ void unpack8(flashattn_dtype dtype, const uint4& raw, float (&v)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint16_t lo = uint16_t(w[k] & 0xffffu), hi = uint16_t(w[k] >> 16);
+    v[2 * k] = dtype == FLASHATTN_DTYPE_BF16 ? bf16_to_float(lo) : half_to_float(lo);
+    v[2 * k + 1] = dtype == FLASHATTN_DTYPE_BF16 ? bf16_to_float(hi) : half_to_float(hi);
+  }
+}
+
+// Codes of x / scale, 8 of them, little-endian in two words (float_to_e4m3's bits).
+__device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale) {
+  float q[8];
+  bool nan = false;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    q[e] = __fdiv_rn(v[e], scale);
+    nan |= q[e] != q[e];
+  }
+  uint32_t w[2] = {0u, 0u};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (!nan) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+          " mov.b32 %0, {lo, hi};\n}\n"
+          : "=r"(w[k])
+          : "f"(q[4 * k]), "f"(q[4 * k + 1]), "f"(q[4 * k + 2]), "f"(q[4 * k + 3]));
+    return make_uint2(w[0], w[1]);
+  }
+#endif
+  // No conversion instruction, or a NaN (whose code keeps x's sign here): the integer path.
+#pragma unroll
+  for (int e = 0; e < 8; ++e) w[e / 4] |= uint32_t(float_to_e4m3(q[e])) << (8 * (e % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+// kSlots: rows per thread this instantiation holds (8 for block 128 at headdim <= 128: 32 registers
+// of raw values, so more CTAs fit an SM).
+template <int kSlots>
+__global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize_reg_kernel(const Fp8Args a) {
+  const cpu::Fp8QuantizeParams& p = a.p;
+  __shared__ float warp_amax[kRegThreads / 32];
+  const int cpr = int(p.headdim / 8);            // chunks per row, <= 32
+  const int rows_per_pass = kRegThreads / cpr;   // rows the CTA holds per register slot
+  const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
+  const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
+  uint32_t negate = 0;                           // the transform's signs of this chunk's 8 columns
+  if (p.hadamard)
+    for (int e = 0; e < 8; ++e) negate |= uint32_t(hadamard_sign(p.hadamard_seed, chunk * 8 + e) < 0) << e;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+  const int64_t items = p.batch * p.nheads * a.nblocks;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t blk = item % a.nblocks, bh = item / a.nblocks;
+    const int64_t b = bh / p.nheads, h = bh % p.nheads;
+    const int64_t s0 = blk * p.block_size;
+    const int nrows = int((s0 + p.block_size < p.seqlen ? s0 + p.block_size : p.seqlen) - s0);
+    const int slots = (nrows + rows_per_pass - 1) / rows_per_pass;  // <= kSlots (reg_slots)
+    const uint16_t* src = x + b * p.x_stride[0] + h * p.x_stride[2] + (s0 + r0) * p.x_stride[1] + chunk * 8;
+    const int64_t slot_stride = int64_t(rows_per_pass) * p.x_stride[1];
+    auto valid = [&](int i) { return active && r0 + i * rows_per_pass < nrows; };
+
+    uint4 raw[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      raw[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (i < slots && valid(i)) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + i * slot_stride));
+    }
+    // The values the host quantizes, of slot i (every lane of a warp calls it for the same i:
+    // the transform's shuffles).
+    auto values = [&](int i, float (&v)[8]) {
+      unpack8(p.dtype, raw[i], v);
+      if (!p.hadamard) return;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (negate >> e & 1u) v[e] = -v[e];
+#pragma unroll
+      for (int hs = 1; hs < 8; hs *= 2)
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (!(e & hs)) {
+            const float x0 = v[e], x1 = v[e + hs];
+            v[e] = __fadd_rn(x0, x1);
+            v[e + hs] = __fsub_rn(x0, x1);
+          }
+      for (int m = 1; m < cpr; m *= 2) {  // distance 8 m: the partner chunk is lane ^ m
+        const bool upper = chunk & m;     // holds x1 of the pair: x0 - x1 = partner - own
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
+          v[e] = upper ? __fsub_rn(o, v[e]) : __fadd_rn(v[e], o);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], a.inv_sqrt_n);
+    };
+
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= slots) break;
+      float v[8];
+      values(i, v);
+      if (valid(i))
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float m = fabsf(v[e]);
+          if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
+        }
+    }
+    const float scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
+
+    uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2] + (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
+    const int64_t dst_slot_stride = int64_t(rows_per_pass) * p.x_fp8_stride[1];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= slots) break;
+      float v[8];
+      values(i, v);
+      if (valid(i)) *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = e4m3_codes8(v, scale);
+    }
+    __syncthreads();  // warp_amax is rewritten by the next item
+  }
+}
+
+// The rows per thread fp8_quantize_reg_kernel needs for p, or 0 where it cannot take p: it takes
+// 16-bit input, headdim a multiple of 8 up to 256, contiguous 16-byte aligned input rows and
+// 8-byte aligned output rows, a scale block of at most kRegMaxRows rows per thread (block_size
+// 128 up to headdim 256; the transform needs a power-of-two headdim, already checked).
+int reg_slots(const cpu::Fp8QuantizeParams& p) {
+  if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16) return 0;
+  if (p.headdim < 8 || p.headdim % 8 != 0 || p.headdim > 256 || p.x_stride[3] != 1 || p.x_fp8_stride[3] != 1) return 0;
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x_fp8) % 8 != 0) return 0;
+  for (int i = 0; i < 3; ++i)
+    if (p.x_stride[i] % 8 != 0 || p.x_fp8_stride[i] % 8 != 0) return 0;
+  const int64_t rows = p.block_size < p.seqlen ? p.block_size : p.seqlen;
+  const int64_t rows_per_pass = kRegThreads / (p.headdim / 8);
+  const int64_t slots = (rows + rows_per_pass - 1) / rows_per_pass;
+  return slots > kRegMaxRows ? 0 : slots <= 8 ? 8 : kRegMaxRows;
 }
 
 // Whether fp8_quantize_vec_kernel can take p: no transform, 16-bit input, contiguous 16-byte
@@ -239,7 +395,12 @@ flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
   const int64_t items = p.batch * p.nheads * a.nblocks;
   if (items == 0) return FLASHATTN_SUCCESS;
   const unsigned grid = unsigned(items < (int64_t(1) << 20) ? items : (int64_t(1) << 20));
-  if (vec_path_ok(p)) {
+  const int slots = reg_slots(p);
+  if (slots == 8) {
+    fp8_quantize_reg_kernel<8><<<grid, kRegThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  } else if (slots == kRegMaxRows) {
+    fp8_quantize_reg_kernel<kRegMaxRows><<<grid, kRegThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  } else if (vec_path_ok(p)) {
     fp8_quantize_vec_kernel<<<grid, kVecThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   } else {
     fp8_quantize_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
