@@ -43,6 +43,9 @@ std::atomic<int> g_overlap{1};
                                                                       const LaunchOptions&);              \
   extern template flashattn_status launch_fwd_fp8<D, cutlass::bfloat16_t>(const FwdParams&, cudaStream_t,  \
                                                                           const LaunchOptions&);
+#if defined(FLASHATTN_SM90_FP8_HDIM_64)
+FA_SM90_FP8_EXTERN(64)
+#endif
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
 FA_SM90_FP8_EXTERN(128)
 #endif
@@ -113,6 +116,9 @@ int kernel_headdim(int headdim) {
 // FP8: the head dims with an FP8 kernel (the same rounding up as kernel_headdim).
 int kernel_headdim_fp8(int headdim) {
   static constexpr int kCompiled[] = {
+#if defined(FLASHATTN_SM90_FP8_HDIM_64)
+      64,
+#endif
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
       128,
 #endif
@@ -130,6 +136,9 @@ LaunchFn pick_fp8(flashattn_dtype out) {
 
 LaunchFn find_launch_fp8(int headdim, flashattn_dtype out) {
   switch (kernel_headdim_fp8(headdim)) {
+#if defined(FLASHATTN_SM90_FP8_HDIM_64)
+    case 64: return pick_fp8<64>(out);
+#endif
 #if defined(FLASHATTN_SM90_FP8_HDIM_128)
     case 128: return pick_fp8<128>(out);
 #endif

@@ -225,15 +225,17 @@ struct VTransposer {
   }
 
  private:
-  // Offsets are written out for the K-major 8-bit layouts with the 128-byte swizzle, cols a
-  // multiple of 128 (the GMMA atom is 8 rows x 128 bytes, tiled down the rows first; the swizzle
-  // XORs the row's low 3 bits into the 16-byte column): (row, col) is at
-  //   (col / 128) (rows x 128) + row x 128 + ((col % 128) ^ ((row % 8) x 16)),
+  // Offsets are written out for the K-major 8-bit layouts (the GMMA atom is 8 rows x B bytes,
+  // tiled down the rows first). With B = 128 (the 128-byte swizzle, cols a multiple of 128; V at
+  // hdim 128/256 and V^T) the swizzle XORs the row's low 3 bits into the 16-byte column; with
+  // B = 64 (the 64-byte swizzle; V at hdim 64) it XORs row bits 1-2. (row, col) is at
+  //   (col / B) (rows x B) + row x B + ((col % B) ^ x(row)),  x = (row % 8) x 16 or ((row / 2) % 4) x 16,
   // equal to Traits::SmemLayoutV / SmemLayoutVt (checked against CuTe on the host for hdim
-  // 128/256). The CuTe evaluation costs ~30 instructions per address in this 24-register warpgroup.
-  // kBlockN == 128: the stores below leave out the column-block term (16 g < 128).
-  static_assert(kD % 128 == 0 && kBlockN == 128 && sizeof(Element) == 1,
-                "the transpose's offsets assume 128-byte swizzled rows on both sides and 128 keys");
+  // 64/128/256). The CuTe evaluation costs ~30 instructions per address in this 24-register warpgroup.
+  // kBlockN == 128: V^T's rows are 128 bytes and the stores below leave out the column-block term.
+  static constexpr uint32_t kSrcRow = kD % 128 == 0 ? 128u : 64u;  // V's row (key) bytes per atom
+  static_assert((kD % 128 == 0 || kD == 64) && kBlockN == 128 && sizeof(Element) == 1,
+                "the transpose's offsets assume 128- or 64-byte swizzled V rows, 128-byte V^T rows and 128 keys");
 
   __device__ static void transpose(TensorStorage& ts, int src_stage, int dst_stage, int tid) {
     using namespace cute;
@@ -241,8 +243,9 @@ struct VTransposer {
     const uint32_t mat = lane / 8, mrow = lane % 8;  // the row address this lane gives ldmatrix / stmatrix
     // ldmatrix: matrices 0/1 are keys 0-7 / 8-15 of head dims h32..+15, 2/3 the same of h32+16..+31.
     const uint32_t src_lane = cast_smem_ptr_to_uint(ts.smem_v.data()) + uint32_t(src_stage) * Traits::kBytesKV +
-                              (8 * (mat & 1) + mrow) * 128u;
-    const uint32_t src_col = 16 * (mat >> 1), src_xor = mrow << 4;
+                              (8 * (mat & 1) + mrow) * kSrcRow;
+    // The row is 16 g + 8 (mat & 1) + mrow: its bits 0-2 (SW128) and 1-2 (SW64) are mrow's.
+    const uint32_t src_col = 16 * (mat >> 1), src_xor = (kSrcRow == 128u ? mrow : (mrow >> 1) & 3u) << 4;
     // stmatrix: matrix 0 is head dims h32 + 2r (r = 0..7), 1 is h32 + 2r + 1, 2 and 3 the same
     // plus 16; each row's 16 bytes are the 16 keys of group g.
     const uint32_t dst_row = 16 * (mat >> 1) + 2 * mrow + (mat & 1);
@@ -253,7 +256,7 @@ struct VTransposer {
     for (uint32_t u = warp; u < uint32_t(kUnits); u += kWarps) {
       const uint32_t g = u % (kBlockN / 16), h32 = (u / (kBlockN / 16)) * 32;
       const uint32_t col = h32 + src_col;
-      const uint32_t src = src_lane + g * (16 * 128u) + (col >> 7) * (kBlockN * 128u) + ((col & 127u) ^ src_xor);
+      const uint32_t src = src_lane + g * (16 * kSrcRow) + (col / kSrcRow) * (kBlockN * kSrcRow) + ((col % kSrcRow) ^ src_xor);
       uint32_t r0, r1, r2, r3;
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

@@ -111,7 +111,7 @@ TEST_P(GpuFp8Attention, WithinE4M3BoundOfTheDequantizedAttention) {
   expect_within_fp8_bound(P, attention_of_dequantized(P));
 }
 
-// hdim 128 and 256 (the FP8 kernels') and 96/112/192 (run on them, columns past them zero-filled); block sizes
+// hdim 64, 128 and 256 (the FP8 kernels') and 32/96/112/192 (run on them, columns past them zero-filled); block sizes
 // that are multiples of the kernel's 64 query rows and 128 keys, and one block per sequence;
 // ragged seqlens (1, 7, 113, 799, 4097), seqlen_q != seqlen_k; causal, windows, softcap, ALiBi-free
 // GQA/MQA, varlen; sharp attention (softmax scale 0.5 on scores of ~10) and flat.
@@ -167,6 +167,13 @@ std::vector<Fp8Case> gpu_cases() {
   v.push_back(c);  // V scales 2^+-40 apart: P shifted by ratios past the 2^-64 clamp, new V maxima
   c.d = 256, c.causal = true, c.sq = 700, c.batch = 1;
   v.push_back(c);  // the same at hdim 256, causal
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 300, c.sk = 1031, c.hq = 4, c.hkv = 2, c.d = 64, c.causal = true, c.softmax_scale = 0.3f;
+  v.push_back(c);  // hdim 64 (V's 64-byte swizzle in the transpose), causal, sharp, GQA
+  c = Fp8Case{};
+  c.seqlens_q = {113, 1, 64}, c.seqlens_k = {799, 7, 300}, c.hq = 2, c.hkv = 1, c.d = 32, c.q_block = 64;
+  c.softcap = 3.f, c.window_left = 100, c.out_dtype = FLASHATTN_DTYPE_FP16;
+  v.push_back(c);  // hdim 32 on the 64 kernel, varlen, softcap + window, fp16 out
   return v;
 }
 
