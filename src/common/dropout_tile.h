@@ -58,12 +58,29 @@ struct DropoutMask {
   }
 
   // coord(r, c) = (row, col) of entry (r, c) within the tile at (row0, col0).
+  // Words outer (unrolled: each word a register) and groups inner (not unrolled): a runtime
+  // word index made the words an array in local memory.
   __device__ __forceinline__ void generate(const TensorC& coord, int row0, int col0, const ScoreMods& mods) {
     using namespace cute;
+    constexpr int kGroupsPerWord = 32 / kBitsPerGroup;
 #pragma unroll
-    for (int w = 0; w < kWords; ++w) words[w] = 0u;
+    for (int w = 0; w < kWords; ++w) {
+      uint32_t acc = 0u;
+      const int g_end = (w + 1) * kGroupsPerWord < kGroups ? (w + 1) * kGroupsPerWord : kGroups;
 #pragma unroll 1
-    for (int g = 0; g < kGroups; ++g) {
+      for (int g = w * kGroupsPerWord; g < g_end; ++g) {
+        acc |= group_bits(coord, row0, col0, mods, g) << ((g % kGroupsPerWord) * kBitsPerGroup);
+      }
+      words[w] = acc;
+    }
+  }
+
+ private:
+  // The kBitsPerGroup keep bits of group g (positions as bit() gives them, from bit 0).
+  __device__ __forceinline__ static uint32_t group_bits(const TensorC& coord, int row0, int col0, const ScoreMods& mods,
+                                                        int g) {
+    using namespace cute;
+    {
       const int m = g / kGroupsPerRowPair, quad0 = (g % kGroupsPerRowPair) * kGroupQuads;
       uint32_t bits = 0u;
       if constexpr (kRowsAreQueries) {
@@ -117,10 +134,7 @@ struct DropoutMask {
             }
         }
       }
-      const int b0 = g * kBitsPerGroup;
-#pragma unroll
-      for (int w = 0; w < kWords; ++w)
-        if (w == b0 / 32) words[w] |= bits << (b0 % 32);
+      return bits;
     }
   }
 };

@@ -601,6 +601,17 @@ std::vector<GridCase> score_mod_cases() {
     v.push_back({"dropout_hdim128_1031", c});
   }
   {
+    // More tiles than SMs, causal (a persistent grid on sm90): each CTA draws the mask of
+    // several tiles, at each tile's own coordinates.
+    Case c = with_dropout(base(64, B16, 4, 600, 600, 16, 4), 0.1f);
+    c.causal = true;
+    v.push_back({"dropout_hdim64_causal_many_tiles", c});
+  }
+  {
+    Case c = with_dropout(base(192, F16, 1, 300, 1031, 2, 1), 0.2f);
+    v.push_back({"dropout_hdim192_300x1031", c});
+  }
+  {
     Case c = with_dropout(base(256, B16, 1, 300, 1031, 2, 1), 0.2f);
     c.softcap = 15.f;
     c.alibi_slopes = alibi_standard_slopes(2);
