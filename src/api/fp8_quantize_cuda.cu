@@ -21,6 +21,7 @@
 //    (fp32 or bf16 inputs in or near the denormal range, amax below about 448 * 2^-117) may get
 //    other scales and codes. Inputs of normal magnitude are unaffected.
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
 
 #include <cfloat>
 #include <cmath>
@@ -228,46 +229,85 @@ __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8
 constexpr int kRegThreads = 256;
 constexpr int kRegMaxRows = 16;  // rows per thread at most: 64 registers of raw 16-bit values
 
-__device__ __forceinline__ void unpack8(flashattn_dtype dtype, const uint4& raw, float (&v)[8]) {
+template <bool kBf16>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint16_t lo = uint16_t(w[k] & 0xffffu), hi = uint16_t(w[k] >> 16);
-    v[2 * k] = dtype == FLASHATTN_DTYPE_BF16 ? bf16_to_float(lo) : half_to_float(lo);
-    v[2 * k + 1] = dtype == FLASHATTN_DTYPE_BF16 ? bf16_to_float(hi) : half_to_float(hi);
+    // fp16 by the conversion instruction (exact, like half_to_float's bit manipulation).
+    v[2 * k] = kBf16 ? bf16_to_float(lo) : __half2float(__ushort_as_half(lo));
+    v[2 * k + 1] = kBf16 ? bf16_to_float(hi) : __half2float(__ushort_as_half(hi));
   }
 }
 
-// Codes of x / scale, 8 of them, little-endian in two words (float_to_e4m3's bits).
-__device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale) {
+// float_to_e4m3(x / scale) of 8 values, little-endian in two words, by exact division and the
+// integer path: out of line, for the rare call with an inf or NaN (inlined in every slot it
+// tripled the kernel's code). The values come as arguments: an array would go through memory.
+__device__ __noinline__ uint2 e4m3_codes8_exact(float x0, float x1, float x2, float x3, float x4, float x5, float x6,
+                                                float x7, float scale) {
+  const float x[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+  uint32_t w0 = 0u, w1 = 0u;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    w0 |= uint32_t(float_to_e4m3(__fdiv_rn(x[e], scale))) << (8 * e);
+    w1 |= uint32_t(float_to_e4m3(__fdiv_rn(x[e + 4], scale))) << (8 * e);
+  }
+  return make_uint2(w0, w1);
+}
+
+// IEEE single operations with subnormals kept whatever the compile flags (--use_fast_math flushes
+// them in plain float code; the host quantizer does not).
+__device__ __forceinline__ float mul_rn_keep_subnormals(float a, float b) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float fma_rn_keep_subnormals(float a, float b, float c) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+}
+
+// Codes of x / scale, 8 of them, little-endian in two words (float_to_e4m3's bits). neg_scale
+// is -scale and rcp __frcp_rn(scale), once per block. x / scale correctly rounded by Markstein's correction: q0 =
+// RN(x rcp) is within an ulp, e = x - q0 scale is exact by FMA, and RN(q0 + e rcp) is RN(x /
+// scale) (what __fdiv_rn's fast path does, less its per-value reciprocal refinement and range
+// check: |x| <= amax keeps the quotient <= 448, and one below FLT_MIN codes to E4M3 zero either
+// way). e == 0 keeps q0, which carries -0's sign. A non-finite x: __fdiv_rn and the integer path.
+__device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, float neg_scale, float rcp) {
   float q[8];
-  bool nan = false;
+  bool finite = true;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    q[e] = __fdiv_rn(v[e], scale);
-    nan |= q[e] != q[e];
+    finite &= fabsf(v[e]) < INFINITY;
+    const float q0 = mul_rn_keep_subnormals(v[e], rcp);
+    const float err = fma_rn_keep_subnormals(q0, neg_scale, v[e]);  // -scale: one instruction
+    q[e] = err == 0.f ? q0 : fma_rn_keep_subnormals(err, rcp, q0);
   }
-  uint32_t w[2] = {0u, 0u};
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if (!nan) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-          " mov.b32 %0, {lo, hi};\n}\n"
-          : "=r"(w[k])
-          : "f"(q[4 * k]), "f"(q[4 * k + 1]), "f"(q[4 * k + 2]), "f"(q[4 * k + 3]));
-    return make_uint2(w[0], w[1]);
+  if (finite) {
+    uint32_t w0, w1;
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        " mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(w0)
+        : "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3]));
+    asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        " mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(w1)
+        : "f"(q[4]), "f"(q[5]), "f"(q[6]), "f"(q[7]));
+    return make_uint2(w0, w1);
   }
 #endif
-  // No conversion instruction, or a NaN (whose code keeps x's sign here): the integer path.
-#pragma unroll
-  for (int e = 0; e < 8; ++e) w[e / 4] |= uint32_t(float_to_e4m3(q[e])) << (8 * (e % 4));
-  return make_uint2(w[0], w[1]);
+  // No conversion instruction, or an inf/NaN (whose code keeps x's sign there).
+  return e4m3_codes8_exact(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], scale);
 }
 
 // kSlots: rows per thread this instantiation holds (8 for block 128 at headdim <= 128: 32 registers
-// of raw values, so more CTAs fit an SM).
-template <int kSlots>
+// of raw values, so more CTAs fit an SM). The transform and the input type are template
+// arguments: with them as runtime branches in every slot's unrolled code the kernel was ~39 k
+// instructions and stalled on instruction fetch (ncu: no_instruction 18 cycles per issue).
+template <int kSlots, bool kHadamard, bool kBf16>
 __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize_reg_kernel(const Fp8Args a) {
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float warp_amax[kRegThreads / 32];
@@ -276,7 +316,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
   const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
   const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
   uint32_t negate = 0;                           // the transform's signs of this chunk's 8 columns
-  if (p.hadamard)
+  if (kHadamard)
     for (int e = 0; e < 8; ++e) negate |= uint32_t(hadamard_sign(p.hadamard_seed, chunk * 8 + e) < 0) << e;
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
   const int64_t items = p.batch * p.nheads * a.nblocks;
@@ -299,30 +339,31 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
     // The values the host quantizes, of slot i (every lane of a warp calls it for the same i:
     // the transform's shuffles).
     auto values = [&](int i, float (&v)[8]) {
-      unpack8(p.dtype, raw[i], v);
-      if (!p.hadamard) return;
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (negate >> e & 1u) v[e] = -v[e];
-#pragma unroll
-      for (int hs = 1; hs < 8; hs *= 2)
+      unpack8<kBf16>(raw[i], v);
+      if constexpr (kHadamard) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-          if (!(e & hs)) {
-            const float x0 = v[e], x1 = v[e + hs];
-            v[e] = __fadd_rn(x0, x1);
-            v[e + hs] = __fsub_rn(x0, x1);
+          if (negate >> e & 1u) v[e] = -v[e];
+#pragma unroll
+        for (int hs = 1; hs < 8; hs *= 2)
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            if (!(e & hs)) {
+              const float x0 = v[e], x1 = v[e + hs];
+              v[e] = __fadd_rn(x0, x1);
+              v[e + hs] = __fsub_rn(x0, x1);
+            }
+        for (int m = 1; m < cpr; m *= 2) {  // distance 8 m: the partner chunk is lane ^ m
+          const bool upper = chunk & m;     // holds x1 of the pair: x0 - x1 = partner - own
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
+            v[e] = upper ? __fsub_rn(o, v[e]) : __fadd_rn(v[e], o);
           }
-      for (int m = 1; m < cpr; m *= 2) {  // distance 8 m: the partner chunk is lane ^ m
-        const bool upper = chunk & m;     // holds x1 of the pair: x0 - x1 = partner - own
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
-          v[e] = upper ? __fsub_rn(o, v[e]) : __fadd_rn(v[e], o);
         }
-      }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], a.inv_sqrt_n);
+        for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], a.inv_sqrt_n);
+      }
     };
 
     float amax = 0.f;
@@ -339,6 +380,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
         }
     }
     const float scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
+    const float rcp = __frcp_rn(scale);
 
     uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2] + (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
     const int64_t dst_slot_stride = int64_t(rows_per_pass) * p.x_fp8_stride[1];
@@ -347,7 +389,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
       if (i >= slots) break;
       float v[8];
       values(i, v);
-      if (valid(i)) *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = e4m3_codes8(v, scale);
+      if (valid(i)) *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = e4m3_codes8(v, scale, -scale, rcp);
     }
     __syncthreads();  // warp_amax is rewritten by the next item
   }
@@ -367,6 +409,21 @@ int reg_slots(const cpu::Fp8QuantizeParams& p) {
   const int64_t rows_per_pass = kRegThreads / (p.headdim / 8);
   const int64_t slots = (rows + rows_per_pass - 1) / rows_per_pass;
   return slots > kRegMaxRows ? 0 : slots <= 8 ? 8 : kRegMaxRows;
+}
+
+template <int kSlots, bool kHadamard>
+void launch_reg_kernel(bool bf16, unsigned grid, const Fp8Args& a, cudaStream_t stream) {
+  if (bf16) fp8_quantize_reg_kernel<kSlots, kHadamard, true><<<grid, kRegThreads, 0, stream>>>(a);
+  else fp8_quantize_reg_kernel<kSlots, kHadamard, false><<<grid, kRegThreads, 0, stream>>>(a);
+}
+void launch_reg_kernel(int slots, bool hadamard, bool bf16, unsigned grid, const Fp8Args& a, cudaStream_t stream) {
+  if (slots == 8) {
+    if (hadamard) launch_reg_kernel<8, true>(bf16, grid, a, stream);
+    else launch_reg_kernel<8, false>(bf16, grid, a, stream);
+  } else {
+    if (hadamard) launch_reg_kernel<kRegMaxRows, true>(bf16, grid, a, stream);
+    else launch_reg_kernel<kRegMaxRows, false>(bf16, grid, a, stream);
+  }
 }
 
 // Whether fp8_quantize_vec_kernel can take p: no transform, 16-bit input, contiguous 16-byte
@@ -396,10 +453,8 @@ flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
   if (items == 0) return FLASHATTN_SUCCESS;
   const unsigned grid = unsigned(items < (int64_t(1) << 20) ? items : (int64_t(1) << 20));
   const int slots = reg_slots(p);
-  if (slots == 8) {
-    fp8_quantize_reg_kernel<8><<<grid, kRegThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
-  } else if (slots == kRegMaxRows) {
-    fp8_quantize_reg_kernel<kRegMaxRows><<<grid, kRegThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (slots != 0) {
+    launch_reg_kernel(slots, p.hadamard != 0, p.dtype == FLASHATTN_DTYPE_BF16, grid, a, static_cast<cudaStream_t>(stream));
   } else if (vec_path_ok(p)) {
     fp8_quantize_vec_kernel<<<grid, kVecThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   } else {
