@@ -75,8 +75,7 @@ struct Fp8TileScales {
   const float* v;
   int q_block, k_block;  // rows per scale block
   __device__ float q_at(int row) const { return q[row / q_block]; }
-  __device__ float k_at(int key) const { return k[key / k_block]; }
-  __device__ float v_at(int key) const { return v[key / k_block]; }
+  // K's and V's: mainloop.h walks k and v by key block (Mainloop::next_scales).
 
   __device__ static Fp8TileScales make(const Fp8Scales& f, const flashattn::Shape& s, int batch, int head) {
     const int64_t kv = int64_t(batch) * s.nheads_kv + s.kv_head(head);

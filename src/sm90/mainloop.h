@@ -91,6 +91,16 @@ struct Mainloop {
   ScoreTransform tf_base;  // the softmax's transform before this tile's Q/K scales
   float v_scale;
   bool v_zero;
+  // FP8 scale reads, off the softmax's path: Q's once per tile (q_s, this warpgroup's rows);
+  // K's and V's of a key block before its Q K^T is issued (next_scales), the block found by
+  // walking the scale blocks down with the key blocks (k_idx, k_rem: no division per block).
+  float q_s;
+  int k_idx, k_rem;  // the next key block's scale block, and its first key's offset in it
+
+  // The K and V scales of one key block (FP8; 1 for 16-bit).
+  struct BlockScales {
+    float k = 1.f, v = 1.f;
+  };
 
   struct Pipes {
     typename P::Q& q;
@@ -107,7 +117,11 @@ struct Mainloop {
                       const Pingpong& ping, int mma_tidx) {
     if constexpr (kFp8) {
       tf_base = sm.tf;
-      v_scale = w.fp8.v_at((w.n_end - 1) * kBlockN);
+      q_s = w.fp8.q_at(m_block * kBlockM + 64 * (mma_tidx / 128));
+      const int key0 = (w.n_end - 1) * kBlockN;
+      k_idx = key0 / w.fp8.k_block;
+      k_rem = key0 - k_idx * w.fp8.k_block;
+      v_scale = w.fp8.v[k_idx];
     }
     if constexpr (Sched::kOverlap) {
       head(ss, pipes, w, m_block, sm, ping, mma_tidx);
@@ -124,6 +138,7 @@ struct Mainloop {
     using namespace cute;
     TiledMmaQK mma_qk;
     Tensor tSrS = new_s();
+    const BlockScales bs = next_scales(w);
     pipes.q.consumer_wait(q_read);
     pipes.k.consumer_wait(kv_read);
     ping.wait_turn();
@@ -132,7 +147,7 @@ struct Mainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
-    softmax_block(tSrS, w, m_block, w.n_end - 1, sm, mma_tidx);
+    softmax_block(tSrS, w, m_block, w.n_end - 1, bs, sm, mma_tidx);
     convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
   }
 
@@ -150,6 +165,7 @@ struct Mainloop {
       typename P::KVState v_read = kv_read;  // V of the previous block
       ++kv_read;
       Tensor tSrS = new_s();
+      const BlockScales bs = next_scales(w);
       pipes.k.consumer_wait(kv_read);
       ping.wait_turn();
       gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
@@ -160,7 +176,7 @@ struct Mainloop {
       warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
-      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
+      softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
@@ -198,6 +214,7 @@ struct Mainloop {
     pipes.q.consumer_wait(q_read);
     for (int n = w.n_end - 1; n >= w.n_begin; --n) {
       Tensor tSrS = new_s();
+      const BlockScales bs = next_scales(w);
       pipes.k.consumer_wait(kv_read);
       ping.wait_turn();
       gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
@@ -205,7 +222,7 @@ struct Mainloop {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
-      softmax_block(tSrS, w, m_block, n, sm, mma_tidx);
+      softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
       convert_p(tSrS, w, m_block, n, mma_tidx);
       if (rescale_o) rescale_rows(o_rc, scale);
       pipes.v.consumer_wait(kv_read);
@@ -221,6 +238,22 @@ struct Mainloop {
   }
 
  private:
+  // FP8: the scales of the key block the cursor is at (read now: the caller issues this before
+  // the block's Q K^T), then the cursor moves to the block below. 16-bit: nothing to read.
+  __device__ BlockScales next_scales(const TileWork& w) {
+    BlockScales b;
+    if constexpr (kFp8) {
+      b.k = w.fp8.k[k_idx];
+      b.v = w.fp8.v[k_idx];
+      k_rem -= kBlockN;
+      if (k_rem < 0) {
+        --k_idx;
+        k_rem += w.fp8.k_block;
+      }
+    }
+    return b;
+  }
+
   __device__ static auto new_s() { return cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}); }
   // WGMMA descriptors of this warpgroup's operands: (MMA, MMA_M|N, MMA_K, stage).
   __device__ static auto q_frag(SharedStorage& ss, int mma_tidx) {
@@ -249,11 +282,12 @@ struct Mainloop {
   // and the O rescale factors in scale. The softmax sums the undropped P (the LSE ignores
   // dropout); convert_p drops entries, and the epilogue applies the 1 / keep probability to O.
   template <class TensorS>
-  __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, Softmax& sm, int mma_tidx) {
+  __device__ void softmax_block(TensorS& tSrS, const TileWork& w, int m_block, int n, const BlockScales& bs, Softmax& sm,
+                                int mma_tidx) {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     const int row0 = m_block * kBlockM, col0 = n * kBlockN;
-    if constexpr (kFp8) fp8_scales(s, w, row0 + 64 * (mma_tidx / 128), col0, sm);
+    if constexpr (kFp8) fp8_scales(s, w, q_s * bs.k, sm);
     sm.apply_softcap(s);
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
@@ -279,7 +313,7 @@ struct Mainloop {
     if constexpr (kFp8) {
       // P V adds in units of this block's V scale vs; O is in v_scale's (tile-uniform values,
       // so rescale_o stays warp-uniform).
-      const float vs = w.fp8.v_at(col0);
+      const float vs = bs.v;
       v_zero = vs == 0.f;
       float p_shift_log2 = 0.f, l_weight = 1.f;
       const bool new_max = vs > v_scale;
@@ -306,8 +340,7 @@ struct Mainloop {
   // folds into the transform (the softmax scale, or the softcap's pre-scale: free), except
   // with ALiBi and no softcap, whose bias is added to true scores: S is scaled there.
   template <class TensorS>
-  __device__ void fp8_scales(TensorS& s, const TileWork& w, int wg_row0, int col0, Softmax& sm) const {
-    const float qk = w.fp8.q_at(wg_row0) * w.fp8.k_at(col0);
+  __device__ void fp8_scales(TensorS& s, const TileWork& w, float qk, Softmax& sm) const {
     sm.tf = tf_base;
     if (tf_base.softcap > 0.f) {
       sm.tf.pre_scale = tf_base.pre_scale * qk;
