@@ -258,6 +258,7 @@ __device__ __noinline__ uint2 e4m3_codes8_exact(float x0, float x1, float x2, fl
 
 // IEEE single operations with subnormals kept whatever the compile flags (--use_fast_math flushes
 // them in plain float code; the host quantizer does not).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890  // their one user, e4m3_codes8, needs sm89+
 __device__ __forceinline__ float mul_rn_keep_subnormals(float a, float b) {
   float r;
   asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
@@ -268,6 +269,7 @@ __device__ __forceinline__ float fma_rn_keep_subnormals(float a, float b, float 
   asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
   return r;
 }
+#endif
 
 // Codes of x / scale, 8 of them, little-endian in two words (float_to_e4m3's bits). neg_scale
 // is -scale and rcp __frcp_rn(scale), once per block. x / scale correctly rounded by Markstein's correction: q0 =
@@ -276,6 +278,7 @@ __device__ __forceinline__ float fma_rn_keep_subnormals(float a, float b, float 
 // check: |x| <= amax keeps the quotient <= 448, and one below FLT_MIN codes to E4M3 zero either
 // way). e == 0 keeps q0, which carries -0's sign. A non-finite x: __fdiv_rn and the integer path.
 __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, float neg_scale, float rcp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   float q[8];
   bool finite = true;
 #pragma unroll
@@ -285,7 +288,6 @@ __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, f
     const float err = fma_rn_keep_subnormals(q0, neg_scale, v[e]);  // -scale: one instruction
     q[e] = err == 0.f ? q0 : fma_rn_keep_subnormals(err, rcp, q0);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   if (finite) {
     uint32_t w0, w1;
     asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
