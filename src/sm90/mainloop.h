@@ -97,6 +97,8 @@ struct Mainloop {
   float q_s;
   int k_idx, k_rem;  // the next key block's scale block, and its first key's offset in it
 
+  static_assert(!kFp8 || kBlockN == 128,
+                "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale)");
   // The K and V scales of one key block (FP8; 1 for 16-bit).
   struct BlockScales {
     float k = 1.f, v = 1.f;
