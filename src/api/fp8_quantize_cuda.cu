@@ -309,8 +309,17 @@ __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, f
 // of raw values, so more CTAs fit an SM). The transform and the input type are template
 // arguments: with them as runtime branches in every slot's unrolled code the kernel was ~39 k
 // instructions and stalled on instruction fetch (ncu: no_instruction 18 cycles per issue).
+// kKeepTransformed: with the transform at 8 slots, the transformed values stay in registers
+// from the amax pass to the code pass (64 floats: 2 CTAs per SM instead of 3) instead of being
+// recomputed (the transform's shuffles are most of that kernel's instructions); at 16 slots
+// they would not fit.
+template <int kSlots, bool kHadamard>
+constexpr bool kKeepTransformed = kHadamard && kSlots <= 8;
+
 template <int kSlots, bool kHadamard, bool kBf16>
-__global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize_reg_kernel(const Fp8Args a) {
+__global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<kSlots, kHadamard> ? 3 : 2)
+    fp8_quantize_reg_kernel(const Fp8Args a) {
+  constexpr bool kKeep = kKeepTransformed<kSlots, kHadamard>;
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float warp_amax[kRegThreads / 32];
   const int cpr = int(p.headdim / 8);            // chunks per row, <= 32
@@ -368,12 +377,17 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
       }
     };
 
+    float kept[kKeep ? kSlots : 1][8];
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i >= slots) break;
       float v[8];
       values(i, v);
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kept[i][e] = v[e];
+      }
       if (valid(i))
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -390,7 +404,12 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 ? 3 : 2) fp8_quantize
     for (int i = 0; i < kSlots; ++i) {
       if (i >= slots) break;
       float v[8];
-      values(i, v);
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
+      } else {
+        values(i, v);
+      }
       if (valid(i)) *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = e4m3_codes8(v, scale, -scale, rcp);
     }
     __syncthreads();  // warp_amax is rewritten by the next item
