@@ -52,7 +52,8 @@ def _time(fn, device, iters, warmup, group=None):
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     times.sort()
-    med = torch.tensor([times[len(times) // 2]], dtype=torch.float64)
+    # On the device: NCCL reduces device tensors only.
+    med = torch.tensor([times[len(times) // 2]], dtype=torch.float64, device=device)
     if group is not False:
         dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return med.item()
@@ -87,6 +88,8 @@ def _comm_only(k, v, world, rank, backward, acc_dtype):
             if step + 1 < world:
                 kv, works = ring.start(kv)
                 fdist._Ring.wait(works)
+            if step + 1 == world:  # the last hop goes in the inputs' dtype (fdist._ring_backward)
+                dkv = [t.to(k.dtype) for t in dkv]
             dkv, works = ring.start(dkv)
             fdist._Ring.wait(works)
 

@@ -226,14 +226,16 @@ class _Varlen:
     def lse_half(self, lse, which):
         return lse.index_select(1, self.idx[which]).contiguous()
 
+    # index_add_/index_copy_ need one dtype (the views' add_/copy_ in _Fixed convert): the GPU
+    # kernels' 16-bit gradients go into fp32 accumulators.
     def add_half(self, acc, part, which):
-        acc.index_add_(0, self.idx[which], part)
+        acc.index_add_(0, self.idx[which], part.to(acc.dtype))
 
     def set_half(self, acc, part, which):
-        acc.index_copy_(0, self.idx[which], part)
+        acc.index_copy_(0, self.idx[which], part.to(acc.dtype))
 
     def set_lse_half(self, acc, part, which):
-        acc.index_copy_(1, self.idx[which], part)
+        acc.index_copy_(1, self.idx[which], part.to(acc.dtype))
 
     def cu(self, full_q, full_k):
         cq, mq = (self.cu_full, self.max_full) if full_q else (self.cu_half, self.max_half)
@@ -368,7 +370,11 @@ def _ring_backward(dout, q, k, v, out, lse, layout, group, world, rank, causal, 
         else:
             dk.add_(dk_i)
             dv.add_(dv_i)
-        # After the last step this send delivers every block's accumulator to its owner.
+        # After the last step this send delivers every block's accumulator to its owner. That hop
+        # has no attention beside it, so it goes in the inputs' dtype: the owner rounds to it anyway
+        # (the same rounding on either side), and 16-bit halves the exposed transfer.
+        if step + 1 == world:
+            dk, dv = dk.to(k.dtype), dv.to(v.dtype)
         dkv_recv, dkv_pending = ring.start([dk, dv])
         if kv_pending is not None:
             _Ring.wait(kv_pending)
