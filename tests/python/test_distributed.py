@@ -7,19 +7,17 @@ of the single-process result. Each rank writes {case: error or null} to a JSON f
 read them, one test per case and world size.
 """
 
-import json
 import os
-import traceback
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import flashattn
 from flashattn import flash_attn_func, flash_attn_varlen_func
 from flashattn import distributed as fdist
+from ring_harness import run_cases, spawn_and_collect
 
 # (name, dtype, causal, b, s_global, h, hk, d, softcap, deterministic); s_global divisible by 2 * 2 and 2 * 3.
 CASES = [
@@ -113,24 +111,10 @@ def _worker(rank, world, tmpdir):
     os.environ.setdefault("FLASHATTN_DEBUG_POISON", "1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmpdir}/rendezvous", rank=rank, world_size=world)
-    results = {}
-    # A failed case can leave P2P ops pending, which would hang the next collective: after the
-    # first failure the remaining cases are reported as not run.
-    failed = False
-    runs = [(c[0], _case, c) for c in CASES] + [(c[0], _varlen_case, c) for c in VARLEN_CASES]
-    runs += [(name, lambda *a, name=name: _extra(name, world, rank), ()) for name in EXTRA]
-    for name, fn, c in runs:
-        if failed:
-            results[name] = "not run: an earlier case failed on this rank"
-            continue
-        try:
-            fn(*c, world)
-            results[name] = None
-        except Exception:
-            results[name] = traceback.format_exc()
-            failed = True
-    with open(os.path.join(tmpdir, f"result_{rank}.json"), "w") as f:
-        json.dump(results, f)
+    runs = [(c[0], lambda c=c: _case(*c, world)) for c in CASES]
+    runs += [(c[0], lambda c=c: _varlen_case(*c, world)) for c in VARLEN_CASES]
+    runs += [(name, lambda name=name: _extra(name, world, rank)) for name in EXTRA]
+    run_cases(runs, tmpdir, rank)
     # Leave without tearing gloo down: its teardown at interpreter exit intermittently aborts the
     # process ("terminate called without an active exception", seen once in CI after every case had
     # passed and written its result), which mp.spawn reports as a failure. The results are on disk.
@@ -143,9 +127,7 @@ _RUNS = {}
 
 def _results(world, tmp_path_factory):
     if world not in _RUNS:
-        tmpdir = str(tmp_path_factory.mktemp(f"ring{world}"))
-        mp.spawn(_worker, args=(world, tmpdir), nprocs=world, join=True)
-        _RUNS[world] = [json.load(open(os.path.join(tmpdir, f"result_{r}.json"))) for r in range(world)]
+        _RUNS[world] = spawn_and_collect(_worker, world, str(tmp_path_factory.mktemp(f"ring{world}")))
     return _RUNS[world]
 
 

@@ -8,19 +8,17 @@ single-GPU call are not the reference: the ring merges partial results in anothe
 by rounding. Skips with fewer than 2 CUDA devices or without NCCL.
 """
 
-import json
 import math
 import os
-import traceback
 import zlib
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import flashattn
 from flashattn import distributed as fdist
+from ring_harness import run_cases, spawn_and_collect
 
 # (name, dtype, causal, b, s_global, h, hk, d, softcap); s_global divisible by 2 * world (2 and 4 GPUs).
 CASES = [
@@ -129,23 +127,10 @@ def _worker(rank, world, tmpdir):
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", init_method=f"file://{tmpdir}/rendezvous", rank=rank, world_size=world,
                             device_id=dev)
-    results, failed = {}, False
     runs = [(c[0], lambda c=c: _case(*c, dev)) for c in CASES]
     runs += [(c[0], lambda c=c: _varlen_case(*c, dev)) for c in VARLEN_CASES]
     runs += [("deterministic_bitwise", lambda: _deterministic(dev))]
-    for name, fn in runs:
-        if failed:  # pending P2P ops of a failed case could hang the next collective
-            results[name] = "not run: an earlier case failed on this rank"
-            continue
-        try:
-            fn()
-            torch.cuda.synchronize(dev)
-            results[name] = None
-        except Exception:
-            results[name] = traceback.format_exc()
-            failed = True
-    with open(os.path.join(tmpdir, f"result_{rank}.json"), "w") as f:
-        json.dump(results, f)
+    run_cases(runs, tmpdir, rank, after_each=lambda: torch.cuda.synchronize(dev))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -166,9 +151,7 @@ _RUNS = {}
 def _results(tmp_path_factory):
     world = torch.cuda.device_count()
     if world not in _RUNS:
-        tmpdir = str(tmp_path_factory.mktemp(f"ring_nccl{world}"))
-        mp.spawn(_worker, args=(world, tmpdir), nprocs=world, join=True)
-        _RUNS[world] = [json.load(open(os.path.join(tmpdir, f"result_{r}.json"))) for r in range(world)]
+        _RUNS[world] = spawn_and_collect(_worker, world, str(tmp_path_factory.mktemp(f"ring_nccl{world}")))
     return _RUNS[world]
 
 
