@@ -274,9 +274,9 @@ __device__ __forceinline__ float fma_rn_keep_subnormals(float a, float b, float 
 // Codes of x / scale, 8 of them, little-endian in two words (float_to_e4m3's bits). neg_scale
 // is -scale and rcp __frcp_rn(scale), once per block. x / scale correctly rounded by Markstein's
 // correction: q0 = RN(x rcp) is within an ulp, e = x - q0 scale is exact by FMA, and
-// RN(q0 + e rcp) is RN(x / scale) (what __fdiv_rn's fast path does, less its per-value reciprocal refinement and range
-// check: |x| <= amax keeps the quotient <= 448, and one below FLT_MIN codes to E4M3 zero either
-// way). e == 0 keeps q0, which carries -0's sign. A non-finite x: __fdiv_rn and the integer path.
+// RN(q0 + e rcp) is RN(x / scale) (what __fdiv_rn's fast path does, less its per-value
+// reciprocal refinement and range check: |x| <= amax keeps the quotient <= 448, and one below
+// FLT_MIN codes to E4M3 zero either way). e == 0 keeps q0, which carries -0's sign. A non-finite x: __fdiv_rn and the integer path.
 __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, float neg_scale, float rcp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   float q[8];
