@@ -12,6 +12,7 @@
 // used, and a NaN or +inf LSE makes the row NaN (as the host path).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "api/cuda_util.h"
@@ -24,7 +25,19 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+// Programmatic dependent launch (sm90+): the split-KV combine is launched while the attention
+// kernel before it on the stream still runs (that kernel lets it, griddepcontrol.launch_dependents)
+// and waits here until the attention kernel has finished and its partials are visible, so the
+// combine's launch latency (a few µs of a decode step) overlaps the attention's tail. Launched
+// the ordinary way (flashattn_combine, older GPUs) this returns at once.
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const CombineParams p) {
+  wait_for_primary();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
@@ -81,6 +94,7 @@ constexpr int kVecMaxSplits = 8;
 constexpr int kVecMaxHeadDim = 256;  // two passes of 32 lanes x 4 columns
 
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_warp_vec4_kernel(const CombineParams p) {
+  wait_for_primary();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   const int lane = threadIdx.x % 32, num_splits = p.num_splits, d = int(p.headdim);
   const int64_t warps = int64_t(gridDim.x) * kWarpsPerBlock;
@@ -184,6 +198,7 @@ __global__ void __launch_bounds__(kRowThreads) combine_row_kernel(const CombineP
   extern __shared__ float weight[];  // [num_splits]: the LSEs, then exp(LSE_s - max)
   __shared__ float column_sums[kRowThreads * kVec];  // [groups][d]
   __shared__ float scratch[kRowThreads / 32];
+  wait_for_primary();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   const int tid = threadIdx.x, num_splits = p.num_splits, d = int(p.headdim);
   const int vecs = (d + kVec - 1) / kVec;  // <= kRowThreads (host)
@@ -275,15 +290,47 @@ __global__ void __launch_bounds__(kRowThreads) combine_row_kernel(const CombineP
   }
 }
 
+// The launch, as a programmatic dependent of the kernel before it where `after_primary` asks and
+// the device has it (compute capability 9+).
+cudaError_t launch(void (*kernel)(const CombineParams), unsigned grid, unsigned block, size_t smem, cudaStream_t st,
+                   bool after_primary, const CombineParams& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = after_primary ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// Whether the current device has programmatic dependent launch (sm90+), asked once per device.
+bool device_has_pdl() {
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (cached[dev] == 0) {
+    int major = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess;
+    cached[dev] = ok && major >= 9 ? 2 : 1;
+  }
+  return cached[dev] == 2;
+}
+
 }  // namespace
 
-flashattn_status combine(const CombineParams& p, void* stream) {
+flashattn_status combine(const CombineParams& p, void* stream, bool after_primary) {
   if (p.lse_partial_fp64 != nullptr || p.lse_fp64 != nullptr || p.dtype == FLASHATTN_DTYPE_FP64 ||
       p.partial_dtype == FLASHATTN_DTYPE_FP64)
     return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "dtype: fp64 combines run on host tensors only");
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
   if (rows == 0) return FLASHATTN_SUCCESS;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool pdl = after_primary && device_has_pdl();
+  cudaError_t e = cudaSuccess;
   const int64_t max_grid = int64_t(1) << 20;
   // float4 loads where every partial row starts 16-byte aligned (split-KV's fp32 partials).
   bool vec4 = p.partial_dtype == FLASHATTN_DTYPE_FP32 && p.headdim % 4 == 0 &&
@@ -297,21 +344,13 @@ flashattn_status combine(const CombineParams& p, void* stream) {
       p.headdim <= kMaxRowKernelHeadDim) {
     const unsigned grid = unsigned(rows < max_grid ? rows : max_grid);
     const size_t smem = size_t(p.num_splits) * sizeof(float);
-    if (vec4) {
-      combine_row_kernel<4><<<grid, kRowThreads, smem, st>>>(p);
-    } else {
-      combine_row_kernel<1><<<grid, kRowThreads, smem, st>>>(p);
-    }
+    e = launch(vec4 ? combine_row_kernel<4> : combine_row_kernel<1>, grid, kRowThreads, smem, st, pdl, p);
   } else {
     const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     const unsigned grid = unsigned(blocks < max_grid ? blocks : max_grid);
-    if (warp_vec4) {
-      combine_warp_vec4_kernel<<<grid, 32 * kWarpsPerBlock, 0, st>>>(p);
-    } else {
-      combine_kernel<<<grid, 32 * kWarpsPerBlock, 0, st>>>(p);
-    }
+    e = launch(warp_vec4 ? combine_warp_vec4_kernel : combine_kernel, grid, 32 * kWarpsPerBlock, 0, st, pdl, p);
   }
-  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
     return set_error(FLASHATTN_ERROR_CUDA, "combine kernel launch: %s", cudaGetErrorString(e));
   return FLASHATTN_SUCCESS;

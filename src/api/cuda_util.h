@@ -37,8 +37,10 @@ struct CombineParams;
 namespace flashattn::cuda {
 
 // The combine of partial results (common/combine_params.h) on device tensors, on `stream`
-// (src/api/combine_cuda.cu): flashattn_combine and the GPU paths' split-KV.
-flashattn_status combine(const CombineParams& p, void* stream);
+// (src/api/combine_cuda.cu): flashattn_combine and the GPU paths' split-KV. after_primary: the
+// kernel just launched on `stream` wrote the partials and lets this one launch early (sm90+:
+// programmatic dependent launch; it calls griddepcontrol.launch_dependents).
+flashattn_status combine(const CombineParams& p, void* stream, bool after_primary = false);
 
 }  // namespace flashattn::cuda
 

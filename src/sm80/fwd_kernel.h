@@ -45,6 +45,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
   constexpr int kWarpsN = Kt::kWarpsN;  // warps sharing a query row (kernel_traits.h)
   extern __shared__ __align__(128) char smem_[];
 
+  if constexpr (kKvCache) {
+    // The split-KV combine after this kernel may launch now (its CTAs wait for this grid's
+    // results, api/combine_cuda.cu): its launch latency overlaps this kernel. No-op otherwise.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  }
   const int tidx = threadIdx.x;
   int m_block = blockIdx.x;
   if constexpr (kHeadDim == 64 || kHeadDim >= 256) {

@@ -249,7 +249,8 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   if (plan.split.num_splits > 1) {
     const int64_t out_stride[3] = {a.o_stride.batch, a.o_stride.row, a.o_stride.head};
     const int64_t lse_stride[3] = {int64_t(a.shape.nheads_q) * a.shape.seqlen_q, a.shape.seqlen_q, 1};
-    return cuda::combine(plan.split.combine_into(a.o, a.dtype, out_stride, a.lse, lse_stride), stream);
+    return cuda::combine(plan.split.combine_into(a.o, a.dtype, out_stride, a.lse, lse_stride), stream,
+                         /*after_primary=*/true);
   }
   return FLASHATTN_SUCCESS;
 }
