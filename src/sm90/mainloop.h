@@ -83,6 +83,10 @@ struct Mainloop {
   FragP tOrP;                   // P of the block whose P V is still to be issued
   float scale[kRows];           // what O is multiplied by before that P V
   bool rescale_o;               // some row of this warp has scale != 1 (warp-uniform)
+  // Whether a key block other than the tile's first (n_end - 1) can need the key mask: only with a
+  // window (causal included). Without one only the first can reach past seqlen_k, so the other
+  // blocks skip Mask::tile_needs_key_mask (~40 instructions a block on the way to the softmax).
+  bool inner_may_mask;
   // FP8: O is kept in units of v_scale, the largest V scale of the tile's blocks so far. A
   // block with a smaller scale vs multiplies its P by vs / v_scale inside the softmax's exp2
   // (P stays <= 2^8: no overflow, and no per-score work); one with a larger scale rescales O by
@@ -117,6 +121,7 @@ struct Mainloop {
   template <class TensorO>
   __device__ void run(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                       const Pingpong& ping, int mma_tidx) {
+    inner_may_mask = w.mask.window_left >= 0 || w.mask.window_right >= 0;
     if constexpr (kFp8) {
       tf_base = sm.tf;
       q_s = w.fp8.q_at(m_block * kBlockM + 64 * (mma_tidx / 128));
@@ -311,7 +316,8 @@ struct Mainloop {
     }
     // Rows past seqlen_q are not masked: their scores are finite (TMA zero fill, or the next
     // varlen sequence) and the epilogue never stores them.
-    if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) apply_mask(s, cS, w.mask, row0, col0);
+    if ((n == w.n_end - 1 || inner_may_mask) && w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN))
+      apply_mask(s, cS, w.mask, row0, col0);
     if constexpr (kFp8) {
       // P V adds in units of this block's V scale vs; O is in v_scale's (tile-uniform values,
       // so rescale_o stays warp-uniform).
