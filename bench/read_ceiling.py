@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""What a plain streaming read reaches per layer at a decode step's K/V sizes: the ceiling a
+decode kernel's "% of copy" can approach at that size. A diagnostic beside bench_decode.py.
+
+For each size, one CUDA graph of --layers reads (each over its own buffer, so nothing is found
+in L2) is replayed and timed as bench_decode times a decode step, and divided by the layers.
+The read is a one-pass kernel (16-byte loads, a few in flight per thread, one word written per
+CTA), compiled with torch's cpp_extension; torch's own reductions are timed beside it. Prints
+GB/s read and its share of the device-to-device copy bandwidth measured in the same run.
+
+    python bench/read_ceiling.py [--sizes-mb 4,16,67,134,268,537] [--layers 8] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from bench_decode import copy_gbps, graph_time_ms  # noqa: E402
+
+KERNEL = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+#include <ATen/cuda/CUDAContext.h>
+
+template <int kUnroll>
+__global__ void stream_read(const uint4* __restrict__ x, long n, unsigned* __restrict__ sink) {
+  unsigned acc = 0;
+  const long stride = long(gridDim.x) * blockDim.x;
+  long i = long(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) { uint4 v = __ldg(x + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // keeps the loads
+}
+
+void read_all(torch::Tensor x, torch::Tensor sink, int64_t ctas_per_sm, int64_t unroll) {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device());
+  const long n = x.numel() * x.element_size() / 16;
+  const int grid = int(sms * ctas_per_sm);
+  auto s = at::cuda::getCurrentCUDAStream();
+  auto p = reinterpret_cast<const uint4*>(x.data_ptr());
+  auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
+  if (unroll == 8) stream_read<8><<<grid, 512, 0, s>>>(p, n, o);
+  else stream_read<4><<<grid, 512, 0, s>>>(p, n, o);
+}
+"""
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes-mb", default="4,16,67,134,268,537")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--min-iters", type=int, default=20)
+    p.add_argument("--max-iters", type=int, default=200)
+    p.add_argument("--target-ms", type=float, default=200.0)
+    p.add_argument("--warmup-ms", type=float, default=50.0)
+    p.add_argument("--no-graph", action="store_true")
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    dev = torch.device("cuda")
+    from torch.utils.cpp_extension import load_inline
+
+    ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);",
+                      cuda_sources=KERNEL, functions=["read_all"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+                      verbose=False)
+    copy = copy_gbps(dev, a)
+    name = torch.cuda.get_device_name(dev)
+    print(f"device: {name}; copy bandwidth (read + write): {copy:.0f} GB/s")
+    sink = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+    rows = []
+    for mb in [float(s) for s in a.sizes_mb.split(",")]:
+        nbytes = int(mb * 1e6) // 4096 * 4096
+        layers = max(1, min(a.layers, int(6e9 // nbytes)))
+        bufs = [torch.randn(nbytes // 2, dtype=torch.bfloat16, device=dev) for _ in range(layers)]
+        variants = {f"read k{c} u{u}": (lambda c=c, u=u: [lambda x=x: ext.read_all(x, sink, c, u) for x in bufs])
+                    for c in (2, 4) for u in (4, 8)}
+        variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 8192), dim=1) for x in bufs]
+        variants["torch copy (half read, half written)"] = lambda: [
+            lambda x=x, y=torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev): y.copy_(x[: nbytes // 4])
+            for x in bufs]
+        for vname, make in variants.items():
+            ms = graph_time_ms(make(), a, dev)
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            row = dict(variant=vname, mb=nbytes / 1e6, layers=layers, us_per_layer=ms * 1e3, gbps=gbps,
+                       pct_of_copy=100.0 * gbps / copy)
+            rows.append(row)
+            print(f"{nbytes / 1e6:7.1f} MB x{layers}  {vname:38s} {ms * 1e3:8.2f} us  {gbps:6.0f} GB/s  "
+                  f"{row['pct_of_copy']:5.1f}% of copy")
+        del bufs
+        torch.cuda.empty_cache()
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(device=name, copy_gbps=copy, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
