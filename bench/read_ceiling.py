@@ -46,6 +46,42 @@ __global__ void stream_read(const uint4* __restrict__ x, long n, unsigned* __res
   if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // keeps the loads
 }
 
+// The decode split's access pattern: CTA (split, head) reads its key range of one head, `row16` uint4 per
+// key and head (hdim 128 bf16: 16), keys `heads * row16` uint4 apart, kUnroll keys per thread in flight.
+template <int kUnroll>
+__global__ void split_read(const uint4* __restrict__ x, int keys, int heads, int row16, int splits,
+                           unsigned* __restrict__ sink) {
+  const int split = blockIdx.x, head = blockIdx.y;
+  const int per = (keys + splits - 1) / splits;
+  const int k0 = split * per, k1 = min(keys, k0 + per);
+  const int lane_col = threadIdx.x % row16, rows_per_pass = blockDim.x / row16;
+  const long key_stride = long(heads) * row16;
+  unsigned acc = 0;
+  int k = k0 + threadIdx.x / row16;
+  for (; k + (kUnroll - 1) * rows_per_pass < k1; k += kUnroll * rows_per_pass) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x + (k + u * rows_per_pass) * key_stride + head * row16 + lane_col);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; k < k1; k += rows_per_pass) { uint4 v = __ldg(x + k * key_stride + head * row16 + lane_col); acc ^= v.x ^ v.w; }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+void read_split(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits, int64_t unroll) {
+  const long n16 = x.numel() * x.element_size() / 16;
+  const int keys = int(n16 / (heads * row16));
+  auto s = at::cuda::getCurrentCUDAStream();
+  auto p = reinterpret_cast<const uint4*>(x.data_ptr());
+  auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
+  const dim3 grid(splits, heads);
+  if (unroll == 16) split_read<16><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+  else if (unroll == 8) split_read<8><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+  else split_read<4><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+}
+
 void read_all(torch::Tensor x, torch::Tensor sink, int64_t ctas_per_sm, int64_t unroll) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device());
@@ -74,8 +110,9 @@ def main(argv=None):
     dev = torch.device("cuda")
     from torch.utils.cpp_extension import load_inline
 
-    ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);",
-                      cuda_sources=KERNEL, functions=["read_all"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+    ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);\n"
+                      "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
+                      cuda_sources=KERNEL, functions=["read_all", "read_split"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
                       verbose=False)
     copy = copy_gbps(dev, a)
     name = torch.cuda.get_device_name(dev)
@@ -88,12 +125,21 @@ def main(argv=None):
         bufs = [torch.randn(nbytes // 2, dtype=torch.bfloat16, device=dev) for _ in range(layers)]
         variants = {f"read k{c} u{u}": (lambda c=c, u=u: [lambda x=x: ext.read_all(x, sink, c, u) for x in bufs])
                     for c in (2, 4) for u in (4, 8)}
-        variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 8192), dim=1) for x in bufs]
+        # A decode split's pattern over [keys, 8 heads, 128] bf16 (GQA 32/8 at batch 1): a CTA per
+        # (split, head), 256-byte rows 2 KB apart; and the same key ranges read whole (heads=1).
+        for heads, splits in ((8, 57), (8, 114), (1, 57), (1, 456)):
+            for u in (8, 16):
+                variants[f"split h{heads} s{splits} u{u}"] = (
+                    lambda heads=heads, splits=splits, u=u: [
+                        lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u) for x in bufs])
+        variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
         variants["torch copy (half read, half written)"] = lambda: [
             lambda x=x, y=torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev): y.copy_(x[: nbytes // 4])
             for x in bufs]
         for vname, make in variants.items():
             ms = graph_time_ms(make(), a, dev)
+            if ms is None:
+                continue
             gbps = nbytes / (ms * 1e-3) / 1e9
             row = dict(variant=vname, mb=nbytes / 1e6, layers=layers, us_per_layer=ms * 1e3, gbps=gbps,
                        pct_of_copy=100.0 * gbps / copy)
