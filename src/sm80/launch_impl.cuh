@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "api/cuda_util.h"
@@ -190,11 +191,27 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
 template <typename E, int D>
 using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
 
+// A decode tile of 16 rows, all four warps splitting the keys: half the MMA and softmax work per key
+// block of the 32-row tile when a kv head's rows (GQA-packed) fit in 16. Head dims that are
+// multiples of 64 (each warp's share of the head dim a whole MMA tile).
+template <typename E, int D>
+using KvDecode16Traits = FwdTraits<E, D, 16, kKvBlockN, 4, /*kWarpsN=*/4>;
+inline bool kv_decode16(const FwdParams& p) {
+  const flashattn::Shape& sh = p.shape;
+  const bool packs = p.cu_seqlens_q == nullptr && !p.alibi.enabled() && !p.dropout.enabled();
+  const int rows = sh.seqlen_q * (packs ? sh.group_size() : 1);
+  static const bool off = std::getenv("FLASHATTN_EXPERIMENT_NO_DECODE16") != nullptr;  // EXPERIMENT, to be removed
+  return rows <= 16 && !off;
+}
+
 // Calls fn(Kt{}) with the KV-cache forward's tile for p: decode or prefill-sized.
 template <typename Element, int kHeadDim, typename Fn>
 flashattn_status with_kv_tile(const FwdParams& p, Fn&& fn) {
   if constexpr (kHeadDim <= 128) {
     if (kv_prefill_tile(p)) return fn(KvPrefillTraits<Element, kHeadDim>{});
+  }
+  if constexpr (kHeadDim % 64 == 0 && kHeadDim <= 128) {
+    if (kv_decode16(p)) return fn(KvDecode16Traits<Element, kHeadDim>{});
   }
   return fn(KvFwdTraits<Element, kHeadDim>{});
 }
