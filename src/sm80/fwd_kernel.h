@@ -35,8 +35,10 @@ namespace flashattn::sm80 {
 // tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
 // spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
 // prefill tile (64 rows) is left to the compiler.
+// The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5).
 template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false>
-__global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
+__global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? 5
+                                                 : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
     fwd_kernel(const FwdParams p, const SplitKv split, const GqaPack pack) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;
@@ -427,8 +429,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 32 ?
       }
       if constexpr (kWarpsN > 1) {  // P through smem: the warps of a row hold its keys between them
         cute::copy(copy_p, thr_copy_p.retile_S(rP), tPsP);
-        static_assert(Kt::kWarpsM == 2, "one named barrier per row group: ids 1 and 2");
-        if (tidx / 32 % Kt::kWarpsM == 0) {
+        static_assert(Kt::kWarpsM <= 2, "one named barrier per row group: ids 1 and 2");
+        if (Kt::kWarpsM == 1 || tidx / 32 % Kt::kWarpsM == 0) {
           named_barrier_sync<1, 32 * kWarpsN>();
         } else {
           named_barrier_sync<2, 32 * kWarpsN>();

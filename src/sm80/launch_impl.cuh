@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 
 #include "api/cuda_util.h"
@@ -190,11 +191,31 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
 template <typename E, int D>
 using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
 
+// A decode tile of 16 rows, all four warps splitting the keys: half the MMA and softmax work per key
+// block of the 32-row tile when a kv head's rows (GQA-packed) fit in 16. Head dims that are
+// multiples of 64 (each warp's share of the head dim a whole MMA tile). Only for few (sequence,
+// kv head) pairs, where split-KV makes the grid: there it measured +1-4 points of copy bandwidth
+// (batch 1: GQA 32/8 and 64/8, MHA 32/32), while at batch 8 with 8 kv heads it lost 3-6
+// (perf-notes, nineteenth session).
+template <typename E, int D>
+using KvDecode16Traits = FwdTraits<E, D, 16, kKvBlockN, 4, /*kWarpsN=*/4>;
+constexpr int kKvDecode16MaxPairs = 32;
+inline bool kv_decode16(const FwdParams& p) {
+  const flashattn::Shape& sh = p.shape;
+  const bool packs = p.cu_seqlens_q == nullptr && !p.alibi.enabled() && !p.dropout.enabled();
+  const int rows = sh.seqlen_q * (packs ? sh.group_size() : 1);
+  const int64_t pairs = int64_t(sh.batch) * (packs ? sh.nheads_kv : sh.nheads_q);
+  return rows <= 16 && pairs <= kKvDecode16MaxPairs;
+}
+
 // Calls fn(Kt{}) with the KV-cache forward's tile for p: decode or prefill-sized.
 template <typename Element, int kHeadDim, typename Fn>
 flashattn_status with_kv_tile(const FwdParams& p, Fn&& fn) {
   if constexpr (kHeadDim <= 128) {
     if (kv_prefill_tile(p)) return fn(KvPrefillTraits<Element, kHeadDim>{});
+  }
+  if constexpr (kHeadDim % 64 == 0 && kHeadDim <= 128) {
+    if (kv_decode16(p)) return fn(KvDecode16Traits<Element, kHeadDim>{});
   }
   return fn(KvFwdTraits<Element, kHeadDim>{});
 }
