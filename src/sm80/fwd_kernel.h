@@ -183,6 +183,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
              hk * p.kv.v_new_head;
     return cache_row(p.v, p.v_stride, j);
   };
+  // Contiguous caches: a key block wholly below the appended rows and the sequence's end has
+  // equally spaced rows, copied from one base pointer (a per-row gather costs ~30 instructions a
+  // row; the decode tile's instruction cache misses showed it, ncu).
+  const bool kv_strided = kKvCache && !p.kv.paged();
+  const int strided_end = kKvCache ? min(j_new, sb.seqlen_k) : 0;  // blocks ending at or before it qualify
+  auto block_is_strided = [&](int n) { return kv_strided && (n + 1) * kBlockN <= strided_end; };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
   auto store_out = [&](auto const& acc_rc, auto const& coord_rc, int rows, int cols, float scale) {
     if constexpr (kKvCache) {
@@ -259,6 +265,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   Tensor tVgV = gmem_thr_copy.partition_S(gV);
   Tensor tKsK = gmem_thr_copy.partition_D(sK);
   Tensor tVsV = gmem_thr_copy.partition_D(sV);
+  // KV cache, contiguous: this thread's K/V copy sources in key block 0 (block n: + n * kBlockN rows).
+  Tensor tKgKc = gmem_thr_copy.partition_S(make_tensor(
+      make_gmem_ptr(static_cast<const Element*>(p.k) + (kv_strided ? key_offset(p.k_stride, p.kv, b, sb, 0, hk) : 0)),
+      Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(ks, _1{})));
+  Tensor tVgVc = gmem_thr_copy.partition_S(make_tensor(
+      make_gmem_ptr(static_cast<const Element*>(p.v) + (kv_strided ? key_offset(p.v_stride, p.kv, b, sb, 0, hk) : 0)),
+      Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(vs, _1{})));
   Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
@@ -295,6 +308,23 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   } else {
     copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
   }
+  // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided, else gathered.
+  auto load_k_block = [&](int n, auto& dst, int valid_rows) {
+    if (block_is_strided(n)) {
+      Tensor src = make_tensor(tKgKc.data() + int64_t(n) * kBlockN * ks, tKgKc.layout());
+      copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
+    } else {
+      gather_rows(gmem_tiled_copy, k_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
+    }
+  };
+  auto load_v_block = [&](int n, auto& dst, int valid_rows) {
+    if (block_is_strided(n)) {
+      Tensor src = make_tensor(tVgVc.data() + int64_t(n) * kBlockN * vs, tVgVc.layout());
+      copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
+    } else {
+      gather_rows(gmem_tiled_copy, v_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
+    }
+  };
   // Staged: stage s's K and V tiles, element offsets from sK and sV (stage 0 is sK/sV themselves).
   auto stage_k = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) - int(size(sQ)); };
   auto stage_v = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) + int(size(sK)) - int(size(sQ) + size(sK)); };
@@ -304,20 +334,24 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
     if (n >= n_begin) {
       Tensor dK = make_tensor(tKsK.data() + stage_k(s), tKsK.layout());
       Tensor dV = make_tensor(tVsV.data() + stage_v(s), tVsV.layout());
-      gather_rows(gmem_tiled_copy, k_row, n * kBlockN, dK, tKVcKV, sb.seqlen_k - n * kBlockN, d);
-      gather_rows(gmem_tiled_copy, v_row, n * kBlockN, dV, tKVcKV, sb.seqlen_k - n * kBlockN, d);
+      load_k_block(n, dK, sb.seqlen_k - n * kBlockN);
+      load_v_block(n, dV, sb.seqlen_k - n * kBlockN);
     }
     cute::cp_async_fence();
   };
   if constexpr (kStaged) {
-#pragma unroll
+#pragma unroll 1
     for (int s = 0; s < kKvStages - 1; ++s) load_block_staged(n_last - s, s);
   } else if constexpr (kKvCache) {
     if constexpr (kPageLookahead) {
       if (tidx < kBlockN) s_pages[n_last % 2 * kBlockN + tidx] = page_of_key(n_last * kBlockN + tidx);
       __syncthreads();
     }
-    gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+    if constexpr (kPageLookahead) {
+      gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+    } else {
+      load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN);
+    }
   } else {
     copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   }
@@ -362,8 +396,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         if constexpr (kPageLookahead) {
           if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
         }
-        if constexpr (kKvCache) {
+        if constexpr (kPageLookahead) {
           gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
+        } else if constexpr (kKvCache) {
+          load_v_block(n_block, tVsV, sb.seqlen_k - n0);
         } else if (n_block == n_last) {  // the only block that can end past the sequence
           copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
         } else {
@@ -428,8 +464,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
       if (n_block > n_begin) {  // K[n - 1]: a whole block
-        if constexpr (kKvCache) {
+        if constexpr (kPageLookahead) {
           gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
+        } else if constexpr (kKvCache) {
+          load_k_block(n_block - 1, tKsK, kBlockN);
         } else {
           tKgK.data() = tKgK.data() + (-kBlockN * ks);
           copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
