@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   // Contiguous caches: a key block wholly below the appended rows and the sequence's end has
   // equally spaced rows, copied from one base pointer (a per-row gather costs ~30 instructions a
   // row; the decode tile's instruction cache misses showed it, ncu).
-  const bool kv_strided = kKvCache && !p.kv.paged();
+  const bool kv_strided = kStaged && !p.kv.paged();  // staged kernels only: elsewhere it cost a spill (s19)
   const int strided_end = kKvCache ? min(j_new, sb.seqlen_k) : 0;  // blocks ending at or before it qualify
   auto block_is_strided = [&](int n) { return kv_strided && (n + 1) * kBlockN <= strided_end; };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
