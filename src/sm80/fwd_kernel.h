@@ -58,8 +58,8 @@ constexpr int kv_smem_size_staged() {
 // is computed (a cp.async ring, kv_stage_offset), instead of one tile: a decode CTA's few blocks
 // are then one DRAM round trip, not two per block. The stages past the first sit after the
 // kernel's other smem (kv_smem_size).
-// The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5), 3
-// with a second stage (72 KB).
+// The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5); with
+// stages (3 at hdim 128: 104 KB, 2 per SM by smem) its registers are capped for 3 (no spills).
 template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false, int kKvStages = 1>
 __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? (kKvStages > 1 ? 3 : 5)
                                                  : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)

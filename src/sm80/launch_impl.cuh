@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "api/cuda_util.h"
@@ -198,33 +197,26 @@ using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
 template <typename E, int D>
 using KvDecode16Traits = FwdTraits<E, D, 16, kKvBlockN, 4, /*kWarpsN=*/4>;
 constexpr int kKvDecode16MaxPairs = 32;
+constexpr int kKvDecodeStages = 3;  // with_kv_stages
 inline bool kv_decode16(const FwdParams& p) {
   const flashattn::Shape& sh = p.shape;
-  const bool packs = p.cu_seqlens_q == nullptr && !p.alibi.enabled() && !p.dropout.enabled();
+  const bool packs = kv_may_pack(p);
   const int rows = sh.seqlen_q * (packs ? sh.group_size() : 1);
   const int64_t pairs = int64_t(sh.batch) * (packs ? sh.nheads_kv : sh.nheads_q);
   return rows <= 16 && pairs <= kKvDecode16MaxPairs;
 }
 
-// Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages for tile
-// Kt (fwd_kernel's kKvStages).
-// EXPERIMENT (to be removed before merging): FLASHATTN_EXPERIMENT_KV_STAGES forces 1-3.
+// Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages
+// (fwd_kernel's kKvStages) for tile Kt and p: K and V of two key blocks in flight on the 16-row
+// decode tile over a contiguous cache (+1-3 points of copy bandwidth on the batch-1 67 MB rows,
+// 2 CTAs per SM); one otherwise. Paged caches gather their rows, and with stages the gathers'
+// code made the paged rows 14-23 points slower (perf-notes, twentieth session).
 template <typename Kt, typename Fn>
-flashattn_status with_kv_stages(Fn&& fn) {
-  if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {  // the 16-row decode tile
-    static const int forced = [] {
-      const char* e = std::getenv("FLASHATTN_EXPERIMENT_KV_STAGES");
-      return e ? std::atoi(e) : 0;
-    }();
-    switch (forced) {
-      case 1: return fn(std::integral_constant<int, 1>{});
-      case 2: return fn(std::integral_constant<int, 2>{});
-      case 3: return fn(std::integral_constant<int, 3>{});
-      default: return fn(std::integral_constant<int, 2>{});
-    }
-  } else {
-    return fn(std::integral_constant<int, 1>{});
+flashattn_status with_kv_stages(const FwdParams& p, Fn&& fn) {
+  if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {
+    if (!p.kv.paged()) return fn(std::integral_constant<int, kKvDecodeStages>{});
   }
+  return fn(std::integral_constant<int, 1>{});
 }
 
 // Calls fn(Kt{}) with the KV-cache forward's tile for p: decode or prefill-sized.
@@ -243,7 +235,7 @@ template <typename Element, int kHeadDim>
 flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
   return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) {
     using Kt = decltype(kt);
-    return with_kv_stages<Kt>([&](auto stages) { return kv_plan_with<Kt, decltype(stages)::value>(p, plan); });
+    return with_kv_stages<Kt>(p, [&](auto stages) { return kv_plan_with<Kt, decltype(stages)::value>(p, plan); });
   });
 }
 
@@ -304,7 +296,7 @@ flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t st
   return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) {
     using Kt = decltype(kt);
     return with_kv_stages<Kt>(
-        [&](auto stages) { return run_fwd_kv_with<Kt, decltype(stages)::value>(p, workspace, stream); });
+        p, [&](auto stages) { return run_fwd_kv_with<Kt, decltype(stages)::value>(p, workspace, stream); });
   });
 }
 
