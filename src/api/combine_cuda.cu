@@ -12,7 +12,6 @@
 // used, and a NaN or +inf LSE makes the row NaN (as the host path).
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 
 #include "api/cuda_util.h"
@@ -307,17 +306,14 @@ cudaError_t launch(void (*kernel)(const CombineParams), unsigned grid, unsigned 
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-// Whether the current device has programmatic dependent launch (sm90+), asked once per device.
+// Whether the current device has programmatic dependent launch (sm90+): two attribute queries.
 bool device_has_pdl() {
-  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (cached[dev] == 0) {
-    int major = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess;
-    cached[dev] = ok && major >= 9 ? 2 : 1;
+  int dev = 0, cc = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
   }
-  return cached[dev] == 2;
+  return device_props(dev, &cc, nullptr, nullptr, 0) && cc >= 90;
 }
 
 }  // namespace

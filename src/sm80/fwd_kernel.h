@@ -35,9 +35,33 @@ namespace flashattn::sm80 {
 // tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
 // spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
 // prefill tile (64 rows) is left to the compiler.
-// The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5).
-template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false>
-__global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? 5
+// The KV-cache kernel's smem without extra stages: its tile's, plus the paged lookahead's two
+// blocks of page indices.
+template <typename Kt>
+constexpr int kv_smem_size() { return Kt::kSmemSize + 2 * Kt::kBlockN * int(sizeof(int)); }
+// With kKvStages: stage s >= 1 (K then V tile) at element offset kv_stage_offset<Kt>(s) from the
+// smem start, past the rest, on a 1 KB boundary (the swizzle's period).
+template <typename Kt>
+constexpr int kv_stage_bytes() { return 2 * Kt::kBlockN * Kt::kHeadDim * int(sizeof(typename Kt::Element)); }
+template <typename Kt>
+constexpr int kv_stage_base() { return (kv_smem_size<Kt>() + 1023) / 1024 * 1024; }
+template <typename Kt>
+__host__ __device__ constexpr int kv_stage_offset(int s) {
+  return (kv_stage_base<Kt>() + (s - 1) * kv_stage_bytes<Kt>()) / int(sizeof(typename Kt::Element));
+}
+template <typename Kt, int kKvStages>
+constexpr int kv_smem_size_staged() {
+  return kKvStages > 1 ? kv_stage_base<Kt>() + (kKvStages - 1) * kv_stage_bytes<Kt>() : kv_smem_size<Kt>();
+}
+
+// kKvStages > 1 (KV-cache decode tile): K and V of kKvStages - 1 key blocks in flight while a block
+// is computed (a cp.async ring, kv_stage_offset), instead of one tile: a decode CTA's few blocks
+// are then one DRAM round trip, not two per block. The stages past the first sit after the
+// kernel's other smem (kv_smem_size).
+// The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5); with
+// stages (3 at hdim 128: 104 KB, 2 per SM by smem) its registers are capped for 3 (no spills).
+template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false, int kKvStages = 1>
+__global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? (kKvStages > 1 ? 3 : 5)
                                                  : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
     fwd_kernel(const FwdParams p, const SplitKv split, const GqaPack pack) {
   using Element = typename Kt::Element;
@@ -129,6 +153,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   // latency, and the lookahead's registers made it spill under its 128-register cap.
   static_assert(!kPageLookahead || kKvCache);
   int* s_pages = kPageLookahead ? reinterpret_cast<int*>(smem_ + Kt::kSmemSize) : nullptr;  // [2][kBlockN]
+  constexpr bool kStaged = kKvStages > 1;
+  static_assert(!kStaged || (kKvCache && !kPageLookahead && Kt::kWarpsN > 1));
   static_assert(!kKvCache || Kt::kNThreads >= kBlockN, "a thread per row of a key block");
   auto page_of_key = [&](int j) {  // thread tidx's row of key block n (its block-table entry; -1: no row)
     return j < sb.seqlen_k ? p.kv.page(b, sb.k_row0 + j) : -1;
@@ -157,6 +183,12 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
              hk * p.kv.v_new_head;
     return cache_row(p.v, p.v_stride, j);
   };
+  // Contiguous caches: a key block wholly below the appended rows and the sequence's end has
+  // equally spaced rows, copied from one base pointer (a per-row gather costs ~30 instructions a
+  // row; the decode tile's instruction cache misses showed it, ncu).
+  const bool kv_strided = kStaged && !p.kv.paged();  // staged kernels only: elsewhere it cost a spill (s19)
+  const int strided_end = kKvCache ? min(j_new, sb.seqlen_k) : 0;  // blocks ending at or before it qualify
+  auto block_is_strided = [&](int n) { return kv_strided && (n + 1) * kBlockN <= strided_end; };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
   auto store_out = [&](auto const& acc_rc, auto const& coord_rc, int rows, int cols, float scale) {
     if constexpr (kKvCache) {
@@ -233,6 +265,13 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   Tensor tVgV = gmem_thr_copy.partition_S(gV);
   Tensor tKsK = gmem_thr_copy.partition_D(sK);
   Tensor tVsV = gmem_thr_copy.partition_D(sV);
+  // KV cache, contiguous: this thread's K/V copy sources in key block 0 (block n: + n * kBlockN rows).
+  Tensor tKgKc = gmem_thr_copy.partition_S(make_tensor(
+      make_gmem_ptr(static_cast<const Element*>(p.k) + (kv_strided ? key_offset(p.k_stride, p.kv, b, sb, 0, hk) : 0)),
+      Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(ks, _1{})));
+  Tensor tVgVc = gmem_thr_copy.partition_S(make_tensor(
+      make_gmem_ptr(static_cast<const Element*>(p.v) + (kv_strided ? key_offset(p.v_stride, p.kv, b, sb, 0, hk) : 0)),
+      Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_stride(vs, _1{})));
   Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
 
@@ -269,16 +308,54 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   } else {
     copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
   }
-  if constexpr (kKvCache) {
+  // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided, else gathered.
+  auto load_k_block = [&](int n, auto& dst, int valid_rows) {
+    if (block_is_strided(n)) {
+      Tensor src = make_tensor(tKgKc.data() + int64_t(n) * kBlockN * ks, tKgKc.layout());
+      copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
+    } else {
+      gather_rows(gmem_tiled_copy, k_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
+    }
+  };
+  auto load_v_block = [&](int n, auto& dst, int valid_rows) {
+    if (block_is_strided(n)) {
+      Tensor src = make_tensor(tVgVc.data() + int64_t(n) * kBlockN * vs, tVgVc.layout());
+      copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
+    } else {
+      gather_rows(gmem_tiled_copy, v_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
+    }
+  };
+  // Staged: stage s's K and V tiles, element offsets from sK and sV (stage 0 is sK/sV themselves).
+  auto stage_k = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) - int(size(sQ)); };
+  auto stage_v = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) + int(size(sK)) - int(size(sQ) + size(sK)); };
+  // Staged: K and V of key block n into stage s, one cp.async group (empty past the split's blocks,
+  // so that the group count stays one per block).
+  auto load_block_staged = [&](int n, int s) {
+    if (n >= n_begin) {
+      Tensor dK = make_tensor(tKsK.data() + stage_k(s), tKsK.layout());
+      Tensor dV = make_tensor(tVsV.data() + stage_v(s), tVsV.layout());
+      load_k_block(n, dK, sb.seqlen_k - n * kBlockN);
+      load_v_block(n, dV, sb.seqlen_k - n * kBlockN);
+    }
+    cute::cp_async_fence();
+  };
+  if constexpr (kStaged) {
+#pragma unroll 1
+    for (int s = 0; s < kKvStages - 1; ++s) load_block_staged(n_last - s, s);
+  } else if constexpr (kKvCache) {
     if constexpr (kPageLookahead) {
       if (tidx < kBlockN) s_pages[n_last % 2 * kBlockN + tidx] = page_of_key(n_last * kBlockN + tidx);
       __syncthreads();
     }
-    gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+    if constexpr (kPageLookahead) {
+      gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
+    } else {
+      load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN);
+    }
   } else {
     copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   }
-  cute::cp_async_fence();
+  if constexpr (!kStaged) cute::cp_async_fence();
 
   clear(acc_o);
   OnlineSoftmaxRow row_state[kRows];
@@ -303,26 +380,43 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
-      cute::cp_async_wait<0>();
-      __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-      // Paged: block n-1's pages, read now and stored to smem after the S GEMM (buffer (n-1) & 1,
-      // last read by the gathers of block n+1, before this barrier).
+      // Staged: this block's stage, and the stage the block kKvStages - 1 ahead refills (the one
+      // block n + 1 used: every warp is done with it after the barrier below).
+      [[maybe_unused]] const int stage = kStaged ? (n_last - n_block) % kKvStages : 0;
       [[maybe_unused]] int next_page = -1;
-      if constexpr (kPageLookahead) {
-        if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
-      }
-      if constexpr (kKvCache) {
-        gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
-      } else if (n_block == n_last) {  // the only block that can end past the sequence
-        copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
+      if constexpr (kStaged) {
+        cute::cp_async_wait<kKvStages - 2>();
+        __syncthreads();  // K[n] and V[n] landed; every warp is done with block n + 1's stage
+        load_block_staged(n_block - (kKvStages - 1), (n_last - n_block + kKvStages - 1) % kKvStages);
       } else {
-        copy_full_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, d, all_cols);
+        cute::cp_async_wait<0>();
+        __syncthreads();  // K[n] landed; every warp is done with V[n+1]
+        // Paged: block n-1's pages, read now and stored to smem after the S GEMM (buffer (n-1) & 1,
+        // last read by the gathers of block n+1, before this barrier).
+        if constexpr (kPageLookahead) {
+          if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
+        }
+        if constexpr (kPageLookahead) {
+          gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
+        } else if constexpr (kKvCache) {
+          load_v_block(n_block, tVsV, sb.seqlen_k - n0);
+        } else if (n_block == n_last) {  // the only block that can end past the sequence
+          copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
+        } else {
+          copy_full_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, d, all_cols);
+        }
+        cute::cp_async_fence();
+        tVgV.data() = tVgV.data() + (-kBlockN * vs);
       }
-      cute::cp_async_fence();
-      tVgV.data() = tVgV.data() + (-kBlockN * vs);
 
-      gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
-              smem_thr_copy_K);
+      if constexpr (kStaged) {
+        Tensor sKs = make_tensor(tSsK.data() + stage_k(stage), tSsK.layout());
+        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, sKs, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+                smem_thr_copy_K);
+      } else {
+        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
+                smem_thr_copy_K);
+      }
 
       Tensor scores = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));
       if constexpr (kSoftcap) {
@@ -364,16 +458,22 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       if constexpr (kPageLookahead) {
         if (tidx < kBlockN && n_block > n_begin) s_pages[(n_block - 1) % 2 * kBlockN + tidx] = next_page;
       }
+      if constexpr (kStaged) {
+        __syncthreads();  // the row maxima are in smem
+      } else {
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
       if (n_block > n_begin) {  // K[n - 1]: a whole block
-        if constexpr (kKvCache) {
+        if constexpr (kPageLookahead) {
           gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
+        } else if constexpr (kKvCache) {
+          load_k_block(n_block - 1, tKsK, kBlockN);
         } else {
           tKgK.data() = tKgK.data() + (-kBlockN * ks);
           copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
         }
         cute::cp_async_fence();
+      }
       }
 
       // Online softmax in the exp2 domain: one FMA + one exp2 per score. From hdim 128 the max
@@ -435,8 +535,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         } else {
           named_barrier_sync<2, 32 * kWarpsN>();
         }
-        gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, tOsVt, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
-                smem_thr_copy_V);
+        if constexpr (kStaged) {
+          Tensor sVts = make_tensor(tOsVt.data() + stage_v(stage), tOsVt.layout());
+          gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, sVts, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
+                  smem_thr_copy_V);
+        } else {
+          gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, tOsVt, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
+                  smem_thr_copy_V);
+        }
       } else {
         Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);

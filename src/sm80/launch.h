@@ -75,6 +75,12 @@ struct KvPlan {
   }
 };
 
+// Whether a KV-cache call may pack a kv head's query heads into one tile (common/gqa_pack.h): not
+// varlen, and not with ALiBi or dropout, which are per head (and fixed length only).
+inline bool kv_may_pack(const FwdParams& p) {
+  return p.cu_seqlens_q == nullptr && !p.alibi.enabled() && !p.dropout.enabled();
+}
+
 // `slots`: CTAs the device runs at once (SMs x resident CTAs of the kernel); block_m x block_n
 // its tile.
 inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots, int block_m, int block_n) {
@@ -92,9 +98,9 @@ inline KvPlan kv_plan(const FwdParams& p, size_t element_size, int slots, int bl
   }
   // GQA packing (common/gqa_pack.h) where it takes fewer tiles, so K/V are read once per group:
   // a few queries per sequence (decode, speculative decoding). Prefill-sized q fills its tiles
-  // either way. Not with ALiBi or dropout, which are per head (and fixed length only).
+  // either way.
   const int group = sh.group_size();
-  if (!varlen && group > 1 && !a.alibi.enabled() && !a.dropout.enabled()) {
+  if (group > 1 && kv_may_pack(p)) {
     const int64_t unpacked = int64_t((sh.seqlen_q + block_m - 1) / block_m) * group;
     const int64_t packed = (int64_t(sh.seqlen_q) * group + block_m - 1) / block_m;
     if (packed < unpacked) k.pack.group = group;

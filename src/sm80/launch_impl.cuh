@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <type_traits>
 
 #include "api/cuda_util.h"
@@ -141,9 +140,6 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
 // Paged caches on the prefill tile take the kernel that looks their pages up a key block ahead.
 template <typename Kt>
 constexpr bool kv_page_lookahead() { return Kt::kBlockM > kKvBlockM; }
-// The KV-cache kernel's smem: its tile's, plus the paged lookahead's two blocks of page indices.
-template <typename Kt>
-constexpr int kv_smem_size() { return Kt::kSmemSize + 2 * Kt::kBlockN * int(sizeof(int)); }
 
 template <typename E, int D>
 using KvFwdTraits = FwdTraits<E, D, kKvBlockM, kKvBlockN, 4, /*kWarpsN=*/2>;
@@ -163,10 +159,11 @@ flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots
 // The plan of a KV-cache forward on tile Kt. The smem opt-in and the occupancy query run once per
 // device: a decode loop calls this twice per step (workspace size, then the launch), and the
 // occupancy query costs microseconds of host time.
-template <typename Kt>
+template <typename Kt, int kStages>
 flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
-  auto kernel = fwd_kernel<Kt, false, true>;
-  auto paged_kernel = fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>()>;
+  auto kernel = fwd_kernel<Kt, false, true, false, kStages>;
+  auto paged_kernel = fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>;
+  constexpr int kSmem = kv_smem_size_staged<Kt, kStages>();
   constexpr int kMaxDevices = 64;
   static std::atomic<int> slots_of_device[kMaxDevices];
   int dev = 0;
@@ -174,9 +171,9 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   if (e != cudaSuccess) return cuda_failure(e, "KV-cache forward");
   int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
-    flashattn_status s = prepare_smem(kernel, kv_smem_size<Kt>(), "KV-cache forward", Kt::kHeadDim);
-    if (s == FLASHATTN_SUCCESS) s = prepare_smem(paged_kernel, kv_smem_size<Kt>(), "KV-cache forward", Kt::kHeadDim);
-    if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, kv_smem_size<Kt>(), &slots);
+    flashattn_status s = prepare_smem(kernel, kSmem, "KV-cache forward", Kt::kHeadDim);
+    if (s == FLASHATTN_SUCCESS) s = prepare_smem(paged_kernel, kSmem, "KV-cache forward", Kt::kHeadDim);
+    if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, kSmem, &slots);
     if (s != FLASHATTN_SUCCESS) return s;
     if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
   }
@@ -200,12 +197,26 @@ using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
 template <typename E, int D>
 using KvDecode16Traits = FwdTraits<E, D, 16, kKvBlockN, 4, /*kWarpsN=*/4>;
 constexpr int kKvDecode16MaxPairs = 32;
+constexpr int kKvDecodeStages = 3;  // with_kv_stages
 inline bool kv_decode16(const FwdParams& p) {
   const flashattn::Shape& sh = p.shape;
-  const bool packs = p.cu_seqlens_q == nullptr && !p.alibi.enabled() && !p.dropout.enabled();
+  const bool packs = kv_may_pack(p);
   const int rows = sh.seqlen_q * (packs ? sh.group_size() : 1);
   const int64_t pairs = int64_t(sh.batch) * (packs ? sh.nheads_kv : sh.nheads_q);
   return rows <= 16 && pairs <= kKvDecode16MaxPairs;
+}
+
+// Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages
+// (fwd_kernel's kKvStages) for tile Kt and p: K and V of two key blocks in flight on the 16-row
+// decode tile over a contiguous cache (+1-3 points of copy bandwidth on the batch-1 67 MB rows,
+// 2 CTAs per SM); one otherwise. Paged caches gather their rows, and with stages the gathers'
+// code made the paged rows 14-23 points slower (perf-notes, twentieth session).
+template <typename Kt, typename Fn>
+flashattn_status with_kv_stages(const FwdParams& p, Fn&& fn) {
+  if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {
+    if (!p.kv.paged()) return fn(std::integral_constant<int, kKvDecodeStages>{});
+  }
+  return fn(std::integral_constant<int, 1>{});
 }
 
 // Calls fn(Kt{}) with the KV-cache forward's tile for p: decode or prefill-sized.
@@ -222,7 +233,10 @@ flashattn_status with_kv_tile(const FwdParams& p, Fn&& fn) {
 
 template <typename Element, int kHeadDim>
 flashattn_status kv_plan_for(const FwdParams& p, KvPlan* plan) {
-  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) { return kv_plan_with<decltype(kt)>(p, plan); });
+  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) {
+    using Kt = decltype(kt);
+    return with_kv_stages<Kt>(p, [&](auto stages) { return kv_plan_with<Kt, decltype(stages)::value>(p, plan); });
+  });
 }
 
 template <typename Element, int kHeadDim>
@@ -231,11 +245,11 @@ size_t kv_workspace(const FwdParams& p) {
   return kv_plan_for<Element, kHeadDim>(p, &plan) == FLASHATTN_SUCCESS ? plan.total : 0;
 }
 
-template <typename Kt>
+template <typename Kt, int kStages>
 flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream_t stream) {
   using Element = typename Kt::Element;
   KvPlan plan;
-  flashattn_status s = kv_plan_with<Kt>(p, &plan);
+  flashattn_status s = kv_plan_with<Kt, kStages>(p, &plan);
   if (s != FLASHATTN_SUCCESS) return s;
   if (plan.total > 0 && workspace == nullptr)
     return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace: the sm80 KV-cache forward needs %zu bytes", plan.total);
@@ -263,8 +277,9 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   // 2. Attention (appending itself where the prepass did not), each split writing its partial
   // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  auto kernel = a.kv.paged() ? fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>()> : fwd_kernel<Kt, false, true>;
-  kernel<<<grid, Kt::kNThreads, kv_smem_size<Kt>(), stream>>>(a, plan.split, pack);
+  auto kernel = a.kv.paged() ? fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>
+                              : fwd_kernel<Kt, false, true, false, kStages>;
+  kernel<<<grid, Kt::kNThreads, kv_smem_size_staged<Kt, kStages>(), stream>>>(a, plan.split, pack);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
   // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
   if (plan.split.num_splits > 1) {
@@ -278,7 +293,11 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
 
 template <typename Element, int kHeadDim>
 flashattn_status run_fwd_kv(const FwdParams& p, void* workspace, cudaStream_t stream) {
-  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) { return run_fwd_kv_with<decltype(kt)>(p, workspace, stream); });
+  return with_kv_tile<Element, kHeadDim>(p, [&](auto kt) {
+    using Kt = decltype(kt);
+    return with_kv_stages<Kt>(
+        p, [&](auto stages) { return run_fwd_kv_with<Kt, decltype(stages)::value>(p, workspace, stream); });
+  });
 }
 
 template <typename Kt>
