@@ -409,12 +409,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         tVgV.data() = tVgV.data() + (-kBlockN * vs);
       }
 
-      if constexpr (kStaged) {
+      {  // stage_k(0) == 0: unstaged kernels read sK itself
         Tensor sKs = make_tensor(tSsK.data() + stage_k(stage), tSsK.layout());
         gemm_ss(acc_s, tSrQ, tSrK, tSsQ, sKs, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
-                smem_thr_copy_K);
-      } else {
-        gemm_ss(acc_s, tSrQ, tSrK, tSsQ, tSsK, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_K, smem_thr_copy_Q,
                 smem_thr_copy_K);
       }
 
@@ -535,14 +532,9 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         } else {
           named_barrier_sync<2, 32 * kWarpsN>();
         }
-        if constexpr (kStaged) {
-          Tensor sVts = make_tensor(tOsVt.data() + stage_v(stage), tOsVt.layout());
-          gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, sVts, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
-                  smem_thr_copy_V);
-        } else {
-          gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, tOsVt, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
-                  smem_thr_copy_V);
-        }
+        Tensor sVts = make_tensor(tOsVt.data() + stage_v(stage), tOsVt.layout());  // stage_v(0) == 0
+        gemm_ss(acc_o, tOrP_s, tOrVt, tOsP, sVts, tiled_mma, smem_tiled_copy_Q, smem_tiled_copy_V, smem_thr_copy_Q,
+                smem_thr_copy_V);
       } else {
         Tensor tOrP = make_tensor(rP.data(), acc_as_A(rP.layout()));
         gemm_rs(acc_o, tOrP, tOrVt, tOsVt, tiled_mma, smem_tiled_copy_V, smem_thr_copy_V);
