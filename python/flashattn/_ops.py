@@ -811,7 +811,7 @@ def attention(*inputs, need_lse=True):
 # nblocks] (interface.py turns per-tensor and per-head scales into that layout); out in out_dtype (bfloat16
 # or float16), lse float32. No autograd formula: FP8 attention is for inference, and interface.py refuses
 # inputs that require grad before calling it. Host tensors run on the reference backend (the exact
-# attention of the dequantized inputs); the CUDA paths refuse FP8 until the sm90 kernel lands.
+# attention of the dequantized inputs); CUDA tensors the sm90 kernel (other GPUs refuse FP8 by name).
 
 _FP8_OUT_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}
 

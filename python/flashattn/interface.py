@@ -527,7 +527,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     nheads) (for q also FA3's (batch, nheads_k)); or per tensor: shape () or (1,). Returns out in out_dtype
     (torch.bfloat16 by default, or torch.float16) and a float32 softmax_lse. dropout_p must be 0; inputs that
     require grad are refused. CPU tensors run the exact reference (fp64 attention of the dequantized inputs);
-    CUDA has no FP8 kernel yet (NotImplementedError). flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
+    CUDA tensors run the Hopper (sm90) kernel. flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
     """
     # Positional: a little cheaper than 13 keywords.
     return _flash_attn(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
