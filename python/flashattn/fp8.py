@@ -189,7 +189,7 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
 
     Args:
         q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); float16, bfloat16,
-            float32 or float64 CPU tensors (the quantizer is host-only for now).
+            float32 or float64 CPU tensors, or float16/bfloat16/float32 CUDA tensors (quantized on the GPU).
         hadamard: transform Q and K first (headdim 16, 32, 64, 128 or 256).
         block_size: tokens per scale block (>= seqlen: one scale per (batch, head)).
         seed: keys the transform's random signs.
