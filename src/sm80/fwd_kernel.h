@@ -308,23 +308,18 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   } else {
     copy_rows(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, valid_rows, d);
   }
-  // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided, else gathered.
-  auto load_k_block = [&](int n, auto& dst, int valid_rows) {
+  // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided (from src0, the
+  // thread's block-0 source, rows `stride` apart), else gathered row by row (row(j): key j's address).
+  auto load_block = [&](int n, auto& dst, int valid_rows, const auto& src0, int64_t stride, const auto& row) {
     if (block_is_strided(n)) {
-      Tensor src = make_tensor(tKgKc.data() + int64_t(n) * kBlockN * ks, tKgKc.layout());
+      Tensor src = make_tensor(src0.data() + int64_t(n) * kBlockN * stride, src0.layout());
       copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
     } else {
-      gather_rows(gmem_tiled_copy, k_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
+      gather_rows(gmem_tiled_copy, row, n * kBlockN, dst, tKVcKV, valid_rows, d);
     }
   };
-  auto load_v_block = [&](int n, auto& dst, int valid_rows) {
-    if (block_is_strided(n)) {
-      Tensor src = make_tensor(tVgVc.data() + int64_t(n) * kBlockN * vs, tVgVc.layout());
-      copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
-    } else {
-      gather_rows(gmem_tiled_copy, v_row, n * kBlockN, dst, tKVcKV, valid_rows, d);
-    }
-  };
+  auto load_k_block = [&](int n, auto& dst, int valid_rows) { load_block(n, dst, valid_rows, tKgKc, ks, k_row); };
+  auto load_v_block = [&](int n, auto& dst, int valid_rows) { load_block(n, dst, valid_rows, tVgVc, vs, v_row); };
   // Staged: stage s's K and V tiles, element offsets from sK and sV (stage 0 is sK/sV themselves).
   auto stage_k = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) - int(size(sQ)); };
   auto stage_v = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) + int(size(sK)) - int(size(sQ) + size(sK)); };
