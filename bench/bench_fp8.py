@@ -2,7 +2,9 @@
 """FP8 (E4M3) forward vs bf16 on the same shapes (issue 16 item 7): flashattn FP8 (per-tensor and
 128-token block scales), flashattn bf16, and torch SDPA's cuDNN bf16, in one run. CUDA events,
 warm-up, median of --iters; TFLOP/s in the FA convention (4 b h s_q s_k d, halved when causal).
-Writes <out-dir>/<gpu>-<date>-fp8.json."""
+--vt adds each FP8 row with v in the keys_permuted16 layout (flashattn.fp8.keys_permuted16, converted once
+before the timing: the kernel then skips its V transpose), as impl "<row>-vt".
+Writes <out-dir>/<gpu>-<date>-fp8-hdim<D>.json."""
 import argparse, datetime, json, os, statistics, sys
 
 import torch
@@ -10,6 +12,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 from flashattn import flash_attn_func  # noqa: E402
+from flashattn.fp8 import keys_permuted16  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 
@@ -88,6 +91,9 @@ def main():
                     help="also time block scales on the per-head codes (code path vs data, see the row's comment)")
     ap.add_argument("--cudnn-fp8", action="store_true",
                     help="also time cuDNN's FP8 SDPA (needs the nvidia-cudnn-frontend wheel; E4M3 output)")
+    ap.add_argument("--vt", action="store_true",
+                    help="also time each FP8 row with v in the keys_permuted16 layout (impl <row>-vt; the conversion "
+                         "is done once, outside the timing)")
     a = ap.parse_args()
     dev = torch.cuda.get_device_name()
     rows = []
@@ -103,6 +109,10 @@ def main():
                 (q8, qs), (k8, ks), (v8, vs) = (quantize(t, min(block, s)) for t in (q, k, v))
                 kw = dict(q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=min(block, s), k_block_size=min(block, s))
                 res[name] = timed(lambda: flash_attn_func(q8, k8, v8, causal=causal, **kw), a.iters)
+                if a.vt:
+                    v8t = keys_permuted16(v8)
+                    res[name + "-vt"] = timed(
+                        lambda: flash_attn_func(q8, k8, v8t, causal=causal, v_layout="keys_permuted16", **kw), a.iters)
             if a.same_data_row and s > 128:
                 # The block-scale code path on the per-head row's codes (each head's scale repeated
                 # over its blocks): is per-head FP8's lead over block scales the code or the data?
@@ -129,10 +139,12 @@ def main():
                 rows.append(dict(impl=impl, hdim=d, seqlen=s, batch=b, heads=h, causal=causal, ms=ms,
                                  tflops=flops / ms / 1e9))
             line = "  ".join(f"{i} {flops / ms / 1e9:6.1f}" for i, ms in res.items())
+            vt = (f"  fp8-vt/bf16 {res['flashattn-bf16'] / res['flashattn-fp8-block128-vt']:.2f}"
+                  if "flashattn-fp8-block128-vt" in res else "")
             print(f"hdim {d} seqlen {s:6d} causal {int(causal)}: {line}  fp8/bf16 "
-                  f"{res['flashattn-bf16'] / res['flashattn-fp8-block128']:.2f}", flush=True)
+                  f"{res['flashattn-bf16'] / res['flashattn-fp8-block128']:.2f}{vt}", flush=True)
     os.makedirs(a.out_dir, exist_ok=True)
-    name = dev.lower().replace(" ", "-") + "-" + datetime.date.today().strftime("%Y%m%d") + "-fp8.json"
+    name = dev.lower().replace(" ", "-") + "-" + datetime.date.today().strftime("%Y%m%d") + f"-fp8-hdim{a.hdim}.json"
     with open(os.path.join(a.out_dir, name), "w") as f:
         json.dump(dict(device=dev, torch=torch.__version__, rows=rows), f, indent=1)
     print("wrote", os.path.join(a.out_dir, name))

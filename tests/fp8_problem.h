@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/fp8.h"
+#include "common/fp8_scales.h"
 #include "common/half_convert.h"
 #include "flashattn/flashattn.h"
 #include "test_util.h"
@@ -164,6 +165,24 @@ struct Fp8Problem {
     p.fp8.k_block_size = c.k_block;
     p.fp8.out_dtype = c.out_dtype;
     return p;
+  }
+
+  // fp8_v_layout keys_permuted16 (flashattn.h): v written again as V^T [b, hkv, d, row_len], keys
+  // permuted within each 16 (common/fp8_scales.h), the padding past sk zero; p's v then points at it.
+  // Fixed-length problems only.
+  std::vector<uint8_t> vt;
+  void use_keys_permuted16(flashattn_fwd_params& p, int row_len) {
+    vt.assign(size_t(c.batch) * c.hkv * c.d * row_len, 0);
+    for (int b = 0; b < c.batch; ++b)
+      for (int j = 0; j < c.sk; ++j)
+        for (int h = 0; h < c.hkv; ++h)
+          for (int x = 0; x < c.d; ++x)
+            vt[((size_t(b) * c.hkv + h) * c.d + x) * row_len + size_t(flashattn::fp8_v_key_position(j))] =
+                v[((size_t(b) * c.sk + j) * c.hkv + h) * c.d + x];
+    p.v.data = vt.data();
+    p.v.stride[0] = int64_t(c.hkv) * c.d * row_len, p.v.stride[1] = 1;
+    p.v.stride[2] = int64_t(c.d) * row_len, p.v.stride[3] = row_len;
+    p.fp8_v_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
   }
 
   double out_at(size_t i) const {

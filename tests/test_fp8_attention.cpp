@@ -224,11 +224,70 @@ TEST(Fp8AttentionApi, StructSizeBeforeFp8StillWorks) {
   p.struct_size = uint32_t(offsetof(flashattn_fwd_params, fp8));
 #if UINTPTR_MAX == UINT64_MAX
   EXPECT_EQ(p.struct_size, 656u);  // sizeof(flashattn_fwd_params) of the earlier header
-  EXPECT_EQ(sizeof(flashattn_fwd_params), 696u);
+  EXPECT_EQ(sizeof(flashattn_fwd_params), 704u);
 #endif
   std::memset(&p.fp8, 0xA5, sizeof(p.fp8));
   ASSERT_EQ(flashattn_fwd(&p, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
   for (uint16_t x : o) ASSERT_TRUE(std::isfinite(flashattn::bf16_to_float(x)));
+}
+
+// fp8_v_layout keys_permuted16: the same V given as V^T with keys permuted in groups of 16 gives the
+// same result, bit for bit (the reference reads each element through the layout), on ragged key
+// counts (1, 7, 113: a partial last group whose padding is read as zeros) and row lengths past the
+// minimum; and its bad strides, varlen and other dtypes are refused by name.
+TEST(Fp8AttentionApi, KeysPermutedVGivesTheSameResult) {
+  for (int sk : {1, 7, 16, 113}) {
+    for (int extra : {0, 32}) {
+      Fp8Case c;
+      c.batch = 2, c.sq = 9, c.sk = sk, c.hq = 4, c.hkv = 2, c.d = 32, c.k_block = 7;
+      Fp8Problem rows(c, 11 + sk), permuted(c, 11 + sk);
+      flashattn_fwd_params pr = rows.params(FLASHATTN_BACKEND_REFERENCE);
+      ASSERT_EQ(flashattn_fwd(&pr, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+      flashattn_fwd_params pp = permuted.params(FLASHATTN_BACKEND_REFERENCE);
+      permuted.use_keys_permuted16(pp, (sk + 15) / 16 * 16 + extra);
+      std::fill(permuted.v.begin(), permuted.v.end(), 0x7f);  // NaN codes: a read of the row layout shows
+      ASSERT_EQ(flashattn_fwd(&pp, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+      ASSERT_EQ(rows.out, permuted.out) << "sk " << sk << " extra " << extra;
+      for (size_t i = 0; i < rows.lse.size(); ++i)
+        ASSERT_EQ(std::memcmp(&rows.lse[i], &permuted.lse[i], sizeof(float)), 0) << "lse " << i;
+    }
+  }
+  struct Case { const char* field; flashattn_status status; void (*breaks)(flashattn_fwd_params&); };
+  const Case bads[] = {
+      {"v.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[3] = 16; }},  // < 32
+      {"v.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[3] = 40; }},  // % 16
+      {"v.stride[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[1] = 2; }},
+      {"fp8_v_layout: 2", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.fp8_v_layout = 2; }},
+      {"fp8_v_layout: keys_permuted16 is for fixed-length", FLASHATTN_ERROR_NOT_SUPPORTED,
+       [](flashattn_fwd_params& p) {
+         static const int32_t cu_q[2] = {0, 9}, cu_k[2] = {0, 20};
+         p.q.shape[0] = p.out.shape[0] = 1;
+         p.v.shape[0] = p.k.shape[0] = 1;
+         p.varlen = flashattn_varlen{cu_q, cu_k, 1, 9, 20};
+       }},
+  };
+  for (const Case& bad : bads) {
+    Fp8Case c;
+    c.batch = 2, c.sq = 9, c.sk = 20, c.hq = 2, c.hkv = 1, c.d = 32;
+    Fp8Problem P(c, 5);
+    flashattn_fwd_params p = P.params(FLASHATTN_BACKEND_REFERENCE);
+    P.use_keys_permuted16(p, 32);
+    bad.breaks(p);
+    EXPECT_EQ(flashattn_fwd(&p, nullptr, 0, nullptr), bad.status) << bad.field << ": " << flashattn_last_error();
+    EXPECT_NE(std::string(flashattn_last_error()).find(bad.field), std::string::npos)
+        << "message '" << flashattn_last_error() << "' should name '" << bad.field << "'";
+    for (uint16_t x : P.out) ASSERT_EQ(x, 0x7fc1) << bad.field << ": a refused call wrote its output";
+  }
+  // A v layout with another dtype is refused, not ignored.
+  std::vector<uint16_t> q(2 * 4 * 16), o(2 * 4 * 16);
+  flashattn_fwd_params p = flashattn_fwd_params_init();
+  p.dtype = FLASHATTN_DTYPE_BF16;
+  p.q = p.k = p.v = Fp8Problem::view(q.data(), 1, 4, 2, 16);
+  p.out = Fp8Problem::view(o.data(), 1, 4, 2, 16);
+  p.fp8_v_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+  EXPECT_EQ(flashattn_fwd(&p, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashattn_last_error()).find("fp8_v_layout: 1, but dtype is bf16"), std::string::npos)
+      << flashattn_last_error();
 }
 
 // FP8 is forward-only: the backward names the dtype.

@@ -39,15 +39,15 @@
  * ones added later read as zero/NULL): flashattn_fwd_params/flashattn_bwd_params ended after
  * `varlen` before `lse_fp64` was added, and after `lse_fp64` before the dropout/ALiBi fields;
  * flashattn_fwd_params ended after `alibi_batch_stride` before `kv_cache` and `num_splits`, and after
- * `num_splits` before `fp8`.
+ * `num_splits` before `fp8`, and after `fp8` before `fp8_v_layout`.
  *
  * FP8 attention (dtype FLASHATTN_DTYPE_FP8_E4M3, forward only): q, k, v hold E4M3 codes (1 byte,
  * torch.float8_e4m3fn) and each row of each head has an fp32 scale (flashattn_fp8_scales below); the
  * attention is that of the dequantized inputs
  *   q[b, i, h, c] = e4m3(code) * q_scale[b, h, i / q_block_size]     (likewise k, v with k_block_size)
  * (the exact product: 4 + 24 significant bits), written as fp16 or bf16 (fp8.out_dtype), LSE fp32.
- * Host tensors run on the reference backend (AUTO picks it for FP8); the CUDA paths have no FP8
- * kernel yet and return FLASHATTN_ERROR_NOT_SUPPORTED naming dtype. flashattn_bwd refuses FP8.
+ * Host tensors run on the reference backend (AUTO picks it for FP8); CUDA tensors on the sm90 path
+ * (Hopper). flashattn_bwd refuses FP8. v may also come transposed (fp8_v_layout below).
  */
 #ifndef FLASHATTN_FLASHATTN_H
 #define FLASHATTN_FLASHATTN_H
@@ -198,6 +198,21 @@ typedef struct flashattn_fp8_scales {
   flashattn_dtype out_dtype; /* of `out`: FLASHATTN_DTYPE_BF16 or FLASHATTN_DTYPE_FP16 */
 } flashattn_fp8_scales;
 
+/* The layout of v for FP8 attention (flashattn_fwd_params.fp8_v_layout).
+ * FLASHATTN_FP8_V_ROWS: as q and k (v.stride[3] = 1); the sm90 kernel transposes V tiles in smem.
+ * FLASHATTN_FP8_V_KEYS_PERMUTED16: V^T, keys contiguous, so the kernel needs no transpose (the FP8
+ *   tensor cores read V with keys contiguous). v keeps its logical shape [batch, seqlen_k, nheads_kv,
+ *   headdim], with v.stride[1] = 1 and v.stride[3] = L, the row length of one (batch, head, head-dim
+ *   column): a multiple of 16, >= seqlen_k rounded up to 16. Within each group of 16 keys, key
+ *   16 g + k sits at position 16 g + perm(k), perm(k) = 8 k2 + 4 k1 + 2 k3 + k0 for k = 8 k3 + 4 k2 +
+ *   2 k1 + k0 (the key order of P in the kernel's registers). The positions of the last group that hold
+ *   no key must hold finite codes (zeros: the kernel multiplies them by P = 0). Fixed-length
+ *   batches only (no varlen). The Python helper flashattn.fp8.keys_permuted16() writes this layout. */
+typedef enum flashattn_fp8_v_layout {
+  FLASHATTN_FP8_V_ROWS = 0,
+  FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1
+} flashattn_fp8_v_layout;
+
 typedef struct flashattn_fwd_params {
   uint32_t struct_size; /* sizeof(flashattn_fwd_params): lets the ABI grow (see the top) */
   flashattn_dtype dtype;
@@ -231,6 +246,9 @@ typedef struct flashattn_fwd_params {
   /* Appended for FP8 attention (read only when struct_size covers it): the scales of dtype
    * FLASHATTN_DTYPE_FP8_E4M3 inputs (see flashattn_fp8_scales); zero for other dtypes. */
   flashattn_fp8_scales fp8;
+  /* Appended (read only when struct_size covers it): v's layout for dtype fp8_e4m3
+   * (flashattn_fp8_v_layout); 0 (rows, as q and k) for other dtypes. */
+  int32_t fp8_v_layout;
 } flashattn_fwd_params;
 
 typedef struct flashattn_bwd_params {

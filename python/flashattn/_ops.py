@@ -812,8 +812,38 @@ def attention(*inputs, need_lse=True):
 # or float16), lse float32. No autograd formula: FP8 attention is for inference, and interface.py refuses
 # inputs that require grad before calling it. Host tensors run on the reference backend (the exact
 # attention of the dequantized inputs); CUDA tensors the sm90 kernel (other GPUs refuse FP8 by name).
+# v_layout (flashattn_fwd_params.fp8_v_layout): _lib.FP8_V_ROWS, or _lib.FP8_V_KEYS_PERMUTED16 with v as
+# flashattn.fp8.keys_permuted16 returns it (V^T storage behind a [b, s, h, d] view whose stride(1) is 1).
 
 _FP8_OUT_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}
+_V_OFFSET = _lib.FwdParams.v.offset
+
+
+def _v_keys_permuted16(v: torch.Tensor, pad: int) -> torch.Tensor:
+    """A keys_permuted16 v as the C ABI takes it: v itself, or a copy of its V^T storage in the same layout when the
+    head dim gets `pad` zero columns (CUDA, as q and k) or a CUDA pointer or stride is no multiple of 16 bytes.
+    Never v.contiguous() (as _prep would do: stride(3) != 1): that copies the view's elements, not the V^T rows,
+    whose last group of keys lies past the view. ValueError when v's storage ends before its rows do."""
+    b, s, h, d = v.shape
+    if v.numel() == 0:
+        return v
+    sb, _, sh, row_len = v.stride()
+    # The kernel reads each row up to seqlen_k rounded up to 16 (the permuted last group and its zero padding).
+    end = v.storage_offset() + (b - 1) * sb + (h - 1) * sh + (d - 1) * row_len + -(-s // 16) * 16
+    if end > v.untyped_storage().nbytes():
+        raise ValueError(f"flashattn: v_layout='keys_permuted16': v's storage ({v.untyped_storage().nbytes()} "
+                         f"bytes) ends before its V^T rows do ({end} bytes): pass v as flashattn.fp8.keys_permuted16 "
+                         "returns it")
+    misaligned = v.device.type == "cuda" and bool(
+        v.data_ptr() % _DEVICE_ALIGN or b > 1 and sb % _DEVICE_ALIGN or h > 1 and sh % _DEVICE_ALIGN)
+    if not pad and not misaligned:
+        return v
+    rows = torch.as_strided(v, (b, h, d, row_len), (sb, sh, row_len, 1)).view(torch.uint8)  # [b, h, d, L]
+    dp = d + pad
+    out = torch.empty((b, h, dp, row_len), dtype=torch.uint8, device=v.device)
+    out[:, :, d:].zero_()
+    out[:, :, :d].copy_(rows)
+    return torch.as_strided(out.view(torch.float8_e4m3fn), (b, s, h, dp), (h * dp * row_len, 1, dp * row_len, row_len))
 
 
 def _fwd_fp8_impl(
@@ -837,18 +867,24 @@ def _fwd_fp8_impl(
     alibi_slopes: Optional[torch.Tensor],
     out_dtype: torch.dtype,
     backend: int,
+    v_layout: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """FP8 attention forward: (out, lse). q/k/v float8_e4m3fn; q_scale float32 [batch, nheads, ceil(seqlen_q /
     q_block_size)], k_scale/v_scale [batch, nheads_k, ceil(seqlen_k / k_block_size)] (varlen: batch = the number
     of sequences, seqlen = max_seqlen); value = float(code) * scale[b, h, row // block_size], rows counted from
-    each sequence's start. out (q's shape) in out_dtype, lse float32."""
+    each sequence's start. v_layout: the C fp8_v_layout (0 rows, 1 keys_permuted16: v from
+    flashattn.fp8.keys_permuted16, fixed length only). out (q's shape) in out_dtype, lse float32."""
     if out_dtype not in _FP8_OUT_DTYPES:
         raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 attention, got {out_dtype}")
     varlen = cu_seqlens_q is not None
+    v_keys_permuted = v_layout == _lib.FP8_V_KEYS_PERMUTED16
+    if v_keys_permuted and varlen:
+        raise NotImplementedError("flashattn: v_layout='keys_permuted16' is for fixed-length batches (no cu_seqlens)")
     device = q.device
     d = q.shape[-1]
     pad = _head_pad(q)
-    qp, kp, vp = (_prep(t, pad) for t in (q, k, v))
+    qp, kp = _prep(q, pad), _prep(k, pad)
+    vp = _v_keys_permuted16(v, pad) if v_keys_permuted else _prep(v, pad)
     scales = [t.contiguous() for t in (q_scale, k_scale, v_scale)]
     out = _alloc(qp.shape, out_dtype, device, 0.0 if varlen else None)
     lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
@@ -859,6 +895,9 @@ def _fwd_fp8_impl(
     p.dtype = _lib.DTYPE_FP8_E4M3
     for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
         _put(p, field, t, varlen)
+    if v_keys_permuted:  # v's real strides: _put writes stride[3] = 1, the rows layout's
+        _TENSOR.pack_into(p, _V_OFFSET, _ptr(vp), *vp.shape, *vp.stride())
+    p.fp8_v_layout = v_layout
     _set_lse(p, lse)
     _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, False, backend)
     _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -871,7 +910,7 @@ def _fwd_fp8_impl(
     if device.type == "cuda":
         key = _key("fwd_fp8", (qp, kp, vp, *scales), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
                    q_block_size, k_block_size, out_dtype, softmax_scale, causal, window_left, window_right, softcap,
-                   backend, _mods_key(0.0, alibi_slopes))
+                   backend, _mods_key(0.0, alibi_slopes), v_layout)
     ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
     status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
     del ws
@@ -883,7 +922,7 @@ def _fwd_fp8_impl(
 
 def _fwd_fp8_fake(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   q_block_size, k_block_size, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                  out_dtype, backend):
+                  out_dtype, backend, v_layout=0):
     out = q.new_empty(q.shape, dtype=out_dtype)
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
     return out, lse

@@ -20,6 +20,9 @@ No autograd. See docs/fp8.md.
 `flash_attn_fp8_func` quantizes q, k, v this way and runs FP8 attention (flash_attn_func on
 float8_e4m3fn inputs with their scales): Q and K share the Hadamard transform (so Q K^T is kept),
 V is quantized untransformed (its transform would not cancel in P V).
+
+`keys_permuted16` stores an FP8 v as V^T with its keys permuted in groups of 16, the layout the sm90 FP8
+kernel reads without transposing V (flash_attn_func(..., v_layout="keys_permuted16")).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from typing import Tuple
 import torch
 
 from . import _lib
-from ._ops import _alloc  # NaN-filled under FLASHATTN_DEBUG_POISON=1 (tests)
+from ._ops import _POISON, _alloc  # NaN-filled under FLASHATTN_DEBUG_POISON=1 (tests)
 
-__all__ = ["quantize", "dequantize", "flash_attn_fp8_func"]
+__all__ = ["quantize", "dequantize", "flash_attn_fp8_func", "keys_permuted16"]
 
 _DTYPES = {
     torch.float16: _lib.DTYPE_FP16,
@@ -218,3 +221,67 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
                            softcap=softcap, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
                            q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, q_block_size=block_size,
                            k_block_size=block_size, out_dtype=out_dtype)
+
+
+def _round_up16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _key_positions(seqlen: int, device=None) -> torch.Tensor:
+    """int64 [seqlen]: where key j sits in its V^T row under fp8_v_layout keys_permuted16 (flashattn.h): within each
+    group of 16 keys, key k = 8 k3 + 4 k2 + 2 k1 + k0 at 8 k2 + 4 k1 + 2 k3 + k0 (the C fp8_v_key_position)."""
+    j = torch.arange(seqlen, dtype=torch.int64, device=device)
+    k = j & 15
+    return (j & ~15) | ((k & 6) << 1) | ((k & 8) >> 2) | (k & 1)
+
+
+def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
+    """v (FP8 E4M3, [batch, seqlen_k, nheads_k, headdim]) in the layout of flash_attn_func(..., v_layout=
+    "keys_permuted16"): V^T with the keys of each group of 16 permuted.
+
+    Why: the FP8 tensor cores read P V's V operand with the keys contiguous, so the sm90 FP8 kernel transposes a v
+    in rows ([b, s, h, d], d contiguous) tile by tile in shared memory, one of the two limits of its speed (the
+    other is the softmax; docs/fp8.md). A v in this layout is loaded as it is, and the attention is the same. The
+    cost is this function, one extra pass over V (torch ops: read v once, write the copy once), paid once per v:
+    worth it when one v serves several calls, or when v's writer can produce this layout itself.
+
+    The storage is a [batch, nheads_k, headdim, L] buffer (L = row_len, default seqlen_k rounded up to 16): key j
+    of (b, h, column c) sits at [b, h, c, 16 (j // 16) + perm(j % 16)], perm(8 k3 + 4 k2 + 2 k1 + k0) = 8 k2 +
+    4 k1 + 2 k3 + k0 (the order of P's keys in the kernel's registers; C: fp8_v_key_position); every position that
+    holds no key (in the last, partial group and up to L) is 0. The result views it with v's logical shape and
+    strides (nheads_k * headdim * L, 1, headdim * L, L): a handle to pass to flash_attn_func, not a tensor to
+    compute with (its element [b, j, h, c] is whatever sits at position j, and the last group's keys may lie past
+    seqlen_k; .contiguous() or any copy of the view loses keys). flash_attn_func refuses a v whose strides are not
+    of this form.
+
+    Args:
+        v_fp8: torch.float8_e4m3fn [batch, seqlen_k, nheads_k, headdim], CPU or CUDA, any strides (rows).
+        row_len: L, a multiple of 16 >= seqlen_k rounded up to 16 (default: exactly that).
+
+    Returns:
+        torch.float8_e4m3fn of v_fp8's shape, on its device, in the layout above (a new buffer).
+    """
+    if not isinstance(v_fp8, torch.Tensor):
+        raise ValueError(f"flashattn.fp8.keys_permuted16: v_fp8 must be a torch.Tensor, got {type(v_fp8).__name__}")
+    if v_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"flashattn.fp8.keys_permuted16: v_fp8 must be torch.float8_e4m3fn, got {v_fp8.dtype}")
+    if v_fp8.dim() != 4:
+        raise ValueError("flashattn.fp8.keys_permuted16: v_fp8 must have 4 dims [batch, seqlen_k, nheads_k, headdim], "
+                         f"got shape {tuple(v_fp8.shape)}")
+    b, s, h, d = v_fp8.shape
+    need = _round_up16(s)
+    if row_len is None:
+        row_len = need
+    if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len % 16 or row_len < need:
+        raise ValueError(f"flashattn.fp8.keys_permuted16: row_len must be a multiple of 16 >= seqlen_k rounded up to "
+                         f"16 = {need}, got {row_len!r}")
+    # Bytes: index_put and zero_ on uint8 run everywhere (torch implements few ops for float8).
+    src = v_fp8.detach().view(torch.uint8).permute(0, 2, 3, 1)  # [b, h, d, s]
+    if _POISON:  # tests: E4M3 NaN codes (as _alloc's NaN), so a position left unwritten shows
+        buf = torch.full((b, h, d, row_len), 0x7F, dtype=torch.uint8, device=v_fp8.device)
+    else:
+        buf = torch.empty((b, h, d, row_len), dtype=torch.uint8, device=v_fp8.device)
+    # Only the last, partial group and the padding up to row_len are left unwritten by the scatter.
+    buf[..., s // 16 * 16:].zero_()
+    buf[..., _key_positions(s, v_fp8.device)] = src
+    return torch.as_strided(buf.view(torch.float8_e4m3fn), (b, s, h, d), (h * d * row_len, 1, d * row_len, row_len))

@@ -231,21 +231,28 @@ def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
             f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
 
 
-def _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype):
+_ROWS = "rows"  # the default v_layout, recognized by identity on the per-call path
+# flash_attn_func's v_layout values: the C fp8_v_layout.
+_V_LAYOUTS = {"rows": _lib.FP8_V_ROWS, "keys_permuted16": _lib.FP8_V_KEYS_PERMUTED16}
+
+
+def _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype,
+              v_layout=_ROWS):
     """The public functions' FP8 keyword arguments as _Fp8Args, or None when all are at their defaults (the usual
     call: no object built)."""
     if (q_scale is None and k_scale is None and v_scale is None and q_descale is None and k_descale is None
             and v_descale is None and out_dtype is None and type(q_block_size) is int and q_block_size == 128
-            and type(k_block_size) is int and k_block_size == 128):
+            and type(k_block_size) is int and k_block_size == 128 and v_layout is _ROWS):
         return None
-    return _Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype)
+    return _Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype,
+                    v_layout)
 
 
 class _Fp8Args:
     """The FP8 keyword arguments of the public functions, FA3's *_descale aliases merged in."""
 
     def __init__(self, q_scale=None, k_scale=None, v_scale=None, q_descale=None, k_descale=None, v_descale=None,
-                 q_block_size=128, k_block_size=128, out_dtype=None):
+                 q_block_size=128, k_block_size=128, out_dtype=None, v_layout=_ROWS):
         def pick(name, value, alias, alias_value):
             if alias_value is None:
                 return value
@@ -257,12 +264,18 @@ class _Fp8Args:
         self.k_scale = pick("k_scale", k_scale, "k_descale", k_descale)
         self.v_scale = pick("v_scale", v_scale, "v_descale", v_descale)
         self.q_block_size, self.k_block_size, self.out_dtype = q_block_size, k_block_size, out_dtype
+        if not isinstance(v_layout, str) or v_layout not in _V_LAYOUTS:
+            raise ValueError(f"flashattn: v_layout must be one of {sorted(_V_LAYOUTS)}, got {v_layout!r}")
+        self.v_layout = v_layout
 
     def first_given(self):
-        """The name of the first FP8-only argument given (the block sizes have defaults), or None."""
+        """The name of the first FP8-only argument given (the block sizes and v_layout="rows" are defaults), or
+        None."""
         for name in ("q_scale", "k_scale", "v_scale", "out_dtype"):
             if getattr(self, name) is not None:
                 return name
+        if self.v_layout != "rows":
+            return "v_layout"
         return None
 
 
@@ -368,12 +381,30 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                                                    "k_block_size", q.device)
     window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
         window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1], batch)
+    v_layout = _V_LAYOUTS[fp8.v_layout]
+    if v_layout == _lib.FP8_V_KEYS_PERMUTED16:
+        _check_v_keys_permuted16(v, varlen)
     out, lse = _ops.fp8_attention(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, q_block, k_block, float(softmax_scale), bool(causal), window_left,
-                                  window_right, float(softcap), alibi_slopes, out_dtype, _lib.backend_id(backend))
+                                  window_right, float(softcap), alibi_slopes, out_dtype, _lib.backend_id(backend),
+                                  v_layout)
     if return_attn_probs:
         return out, lse, None
     return out
+
+
+def _check_v_keys_permuted16(v, varlen):
+    """v_layout="keys_permuted16": v must be flashattn.fp8.keys_permuted16's V^T view (keys contiguous, rows of a
+    multiple of 16 >= seqlen_k rounded up). A row-layout v is refused rather than copied: .contiguous() would
+    reorder nothing and read the keys as rows."""
+    if varlen:
+        raise NotImplementedError("flashattn: v_layout='keys_permuted16' is for fixed-length batches "
+                                  "(flash_attn_func); the varlen functions take v in rows")
+    st, s = v.stride(), v.shape[1]
+    if st[1] != 1 or st[3] % 16 or st[3] < -(-s // 16) * 16:
+        raise ValueError("flashattn: v_layout='keys_permuted16' needs v as flashattn.fp8.keys_permuted16(v) returns it "
+                         "(V^T storage: v.stride(1) == 1, v.stride(3) a multiple of 16 >= seqlen_k rounded up to 16), "
+                         f"got v.stride() = {tuple(st)}; pass v_layout='rows' for a v in rows")
 
 
 def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, dropout_p=0.0,
@@ -496,7 +527,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
                     v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
                     k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
-                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None) -> _Out:
+                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None, v_layout: str = _ROWS) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim).
 
     nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
@@ -528,12 +559,16 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     (torch.bfloat16 by default, or torch.float16) and a float32 softmax_lse. dropout_p must be 0; inputs that
     require grad are refused. CPU tensors run the exact reference (fp64 attention of the dequantized inputs);
     CUDA tensors run the Hopper (sm90) kernel. flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
+    v_layout (FP8 only): "rows" (default, v as above) or "keys_permuted16": v is what flashattn.fp8.keys_permuted16
+    returns (V^T, keys contiguous and permuted in groups of 16), which the sm90 kernel reads without transposing
+    V; the same attention. Any other value, or "keys_permuted16" with a non-FP8 dtype or a v not in that
+    layout, is a ValueError naming v_layout.
     """
     # Positional: a little cheaper than 13 keywords.
     return _flash_attn(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                        deterministic, return_attn_probs, None, None, "auto",
                        _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size,
-                                 k_block_size, out_dtype))
+                                 k_block_size, out_dtype, v_layout))
 
 
 def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,

@@ -22,7 +22,8 @@ static_assert(sizeof(flashattn_options) == 40, "flashattn_options layout");
 static_assert(offsetof(flashattn_fwd_params, varlen) == 344 && offsetof(flashattn_fwd_params, lse_fp64) == 376 &&
                   offsetof(flashattn_fwd_params, dropout_seed) == 384 &&
                   offsetof(flashattn_fwd_params, kv_cache) == 424 && offsetof(flashattn_fwd_params, num_splits) == 648 &&
-                  offsetof(flashattn_fwd_params, fp8) == 656 && sizeof(flashattn_fwd_params) == 696,
+                  offsetof(flashattn_fwd_params, fp8) == 656 && offsetof(flashattn_fwd_params, fp8_v_layout) == 696 &&
+                  sizeof(flashattn_fwd_params) == 704,
               "flashattn_fwd_params layout changed");
 static_assert(sizeof(flashattn_fp8_scales) == 40 && offsetof(flashattn_fp8_scales, q_block_size) == 24 &&
                   offsetof(flashattn_fp8_scales, out_dtype) == 32,
@@ -156,17 +157,20 @@ MaskOptions mask_options(const flashattn_options& o, int headdim) {
 }
 
 // One tensor argument: shape as expected, last dim contiguous, strides sane, pointer usable.
+// contiguous_dim 1: the sequence dimension is the contiguous one instead (FP8's transposed v).
 flashattn_status check_tensor(const char* name, const flashattn_tensor& t, const int64_t (&expect)[4],
-                              flashattn_dtype dtype, const CallContext& ctx) {
+                              flashattn_dtype dtype, const CallContext& ctx, int contiguous_dim = 3) {
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] != expect[i])
       return set_error(kInvalid, "%s.shape[%d]: %lld, expected %lld (shape is [batch, seqlen, nheads, headdim])",
                        name, i, (long long)t.shape[i], (long long)expect[i]);
   }
-  if (t.stride[3] != 1)
-    return set_error(kInvalid, "%s.stride[3]: %lld (the last dimension must be contiguous, stride 1)", name,
-                     (long long)t.stride[3]);
-  for (int i = 0; i < 3; ++i) {
+  if (t.stride[contiguous_dim] != 1)
+    return set_error(kInvalid, "%s.stride[%d]: %lld (the %s dimension must be contiguous, stride 1%s)", name,
+                     contiguous_dim, (long long)t.stride[contiguous_dim], contiguous_dim == 3 ? "last" : "sequence",
+                     contiguous_dim == 3 ? "" : ": fp8_v_layout keys_permuted16");
+  for (int i = 0; i < 4; ++i) {
+    if (i == contiguous_dim) continue;
     if (t.stride[i] < 0)
       return set_error(kInvalid, "%s.stride[%d]: %lld (negative strides are not supported)", name, i,
                        (long long)t.stride[i]);
@@ -180,7 +184,8 @@ flashattn_status check_tensor(const char* name, const flashattn_tensor& t, const
     return set_error(kInvalid, "%s.data: %p is not %zu-byte aligned", name, t.data, align);
   if (on_device(ctx)) {
     int64_t vec = int64_t(kDeviceAlignBytes / es);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
+      if (i == contiguous_dim) continue;
       if (t.shape[i] > 1 && t.stride[i] % vec != 0)
         return set_error(kInvalid, "%s.stride[%d]: %lld is not a multiple of %lld elements (16 bytes)",
                          name, i, (long long)t.stride[i], (long long)vec);
@@ -316,7 +321,7 @@ RowStrides row_strides(const flashattn_tensor& t, bool varlen) {
 flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype dtype, const flashattn_varlen& vl,
                                   const flashattn_tensor& q, const flashattn_tensor& k, const flashattn_tensor& v,
                                   void* stream, Shape* shape, MaskOptions* mask, CallContext* ctx,
-                                  bool kv_cache_k_batch = false, bool paged = false) {
+                                  bool kv_cache_k_batch = false, bool paged = false, bool v_keys_contiguous = false) {
   flashattn_status s = check_options(opts, ctx);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_dtype(dtype, ctx->device)) != FLASHATTN_SUCCESS) return s;
@@ -352,7 +357,7 @@ flashattn_status normalize_common(const flashattn_options& opts, flashattn_dtype
   const int64_t qexpect[4] = {q.shape[0], q.shape[1], q.shape[2], d};
   if ((s = check_tensor("q", q, qexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
   if ((s = check_tensor("k", k, kexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
-  if ((s = check_tensor("v", v, kexpect, dtype, *ctx)) != FLASHATTN_SUCCESS) return s;
+  if ((s = check_tensor("v", v, kexpect, dtype, *ctx, v_keys_contiguous ? 1 : 3)) != FLASHATTN_SUCCESS) return s;
   if (varlen && (s = check_varlen(vl, q.shape[1], paged ? INT32_MAX : k.shape[1], stream, *ctx)) != FLASHATTN_SUCCESS)
     return s;
 
@@ -395,8 +400,9 @@ struct EarlierSizes {
   static constexpr size_t sizes[] = {size_before_dropout<P>(), size_before_lse_fp64<P>()};
 };
 template <>
-struct EarlierSizes<flashattn_fwd_params> {  // fwd_params also grew by the KV cache fields, then fp8
-  static constexpr size_t sizes[] = {offsetof(flashattn_fwd_params, fp8), offsetof(flashattn_fwd_params, kv_cache),
+struct EarlierSizes<flashattn_fwd_params> {  // fwd_params also grew by the KV cache fields, fp8, fp8_v_layout
+  static constexpr size_t sizes[] = {offsetof(flashattn_fwd_params, fp8_v_layout), offsetof(flashattn_fwd_params, fp8),
+                                     offsetof(flashattn_fwd_params, kv_cache),
                                      size_before_dropout<flashattn_fwd_params>(),
                                      size_before_lse_fp64<flashattn_fwd_params>()};
 };
@@ -446,6 +452,9 @@ flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const
     if (set != nullptr)
       return set_error(kInvalid, "fp8.%s: set, but dtype is %s (the fp8 fields are for dtype fp8_e4m3; leave them 0)",
                        set, dtype_name(p.dtype));
+    if (p.fp8_v_layout != FLASHATTN_FP8_V_ROWS)
+      return set_error(kInvalid, "fp8_v_layout: %d, but dtype is %s (a v layout for dtype fp8_e4m3; leave it 0)",
+                       p.fp8_v_layout, dtype_name(p.dtype));
     return FLASHATTN_SUCCESS;
   }
   if (p.struct_size <= offsetof(flashattn_fwd_params, fp8))
@@ -482,6 +491,18 @@ flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const
   o.q = f.q_scale;
   o.k = f.k_scale;
   o.v = f.v_scale;
+  if (p.fp8_v_layout == FLASHATTN_FP8_V_KEYS_PERMUTED16) {
+    // normalize_common checked v.stride[1] == 1 and the other strides' signs and alignment.
+    if (p.varlen.cu_seqlens_q != nullptr)
+      return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
+                       "fp8_v_layout: keys_permuted16 is for fixed-length batches (varlen.cu_seqlens_q is set)");
+    const int64_t padded = (int64_t(sh.seqlen_k) + 15) / 16 * 16;
+    if (sh.headdim > 1 && (p.v.stride[3] % 16 != 0 || p.v.stride[3] < padded))
+      return set_error(kInvalid, "v.stride[3]: %lld (fp8_v_layout keys_permuted16: the row length of V^T, a multiple "
+                       "of 16 and >= seqlen_k rounded up to 16 = %lld)", (long long)p.v.stride[3], (long long)padded);
+    o.v_keys_permuted16 = true;
+    o.v_col_stride = p.v.stride[3];
+  }
   return FLASHATTN_SUCCESS;
 }
 
@@ -724,8 +745,13 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
                        field);
   }
   const bool kv_cache = kvc.block_table || kvc.batch_idx;  // k's first dimension is the cache's own
+  if (p->fp8_v_layout != FLASHATTN_FP8_V_ROWS && p->fp8_v_layout != FLASHATTN_FP8_V_KEYS_PERMUTED16)
+    return set_error(kInvalid, "fp8_v_layout: %d (FLASHATTN_FP8_V_ROWS = 0 or FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1)",
+                     p->fp8_v_layout);
+  const bool v_keys_contiguous =
+      p->dtype == FLASHATTN_DTYPE_FP8_E4M3 && p->fp8_v_layout == FLASHATTN_FP8_V_KEYS_PERMUTED16;
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx,
-                       kv_cache, kvc.block_table != nullptr);
+                       kv_cache, kvc.block_table != nullptr, v_keys_contiguous);
   if (s != FLASHATTN_SUCCESS) return s;
   if ((s = check_fp8(*p, out->shape, *ctx, out)) != FLASHATTN_SUCCESS) return s;
   const int64_t qexpect[4] = {p->q.shape[0], p->q.shape[1], p->q.shape[2], p->q.shape[3]};

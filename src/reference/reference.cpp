@@ -102,10 +102,12 @@ Acc with_bias(const Mode& md, const RowMods& mods, Acc s, int j) {
 
 // One row of d input elements at element offset `off`, in fp64. FP8 inputs are E4M3 codes: each is
 // dequantized exactly with its row's block scale `fp8_scale` (the definition in flashattn.h).
-void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out, float fp8_scale = 1.f) {
+// col_stride: elements between a row's columns (FP8's transposed v: the V^T row length).
+void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, double* out, float fp8_scale = 1.f,
+              int64_t col_stride = 1) {
   if (dtype == FLASHATTN_DTYPE_FP8_E4M3) {
     const uint8_t* codes = static_cast<const uint8_t*>(base) + off;
-    for (int c = 0; c < d; ++c) out[c] = fp8_dequantize_exact(codes[c], fp8_scale);
+    for (int c = 0; c < d; ++c) out[c] = fp8_dequantize_exact(codes[c * col_stride], fp8_scale);
     return;
   }
   for (int c = 0; c < d; ++c) out[c] = load_double(base, dtype, off + c);
@@ -116,7 +118,8 @@ void load_row(const void* base, flashattn_dtype dtype, int64_t off, int d, doubl
 // only (which have no KV cache: key row j is row j of sequence b).
 void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStrides& ks, const RowStrides& vs,
                const KvCache& kv, int b, const SeqBounds& sb, int kvh, int d, std::vector<double>* K,
-               std::vector<double>* V, const Fp8Scales& fp8 = Fp8Scales{}, int nheads_kv = 0) {
+               std::vector<double>* V, const Fp8Scales& fp8 = Fp8Scales{}, int nheads_kv = 0,
+               int64_t v_col_stride = 1) {
   const bool fp8_input = dtype == FLASHATTN_DTYPE_FP8_E4M3;
   K->resize(size_t(sb.seqlen_k) * d);
   V->resize(size_t(sb.seqlen_k) * d);
@@ -124,13 +127,18 @@ void gather_kv(const void* k, const void* v, flashattn_dtype dtype, const RowStr
     const float k_scale = fp8_input ? fp8.k_scale(b, kvh, nheads_kv, j) : 1.f;
     const float v_scale = fp8_input ? fp8.v_scale(b, kvh, nheads_kv, j) : 1.f;
     load_row(k, dtype, key_offset(ks, kv, b, sb, j, kvh), d, K->data() + size_t(j) * d, k_scale);
-    load_row(v, dtype, key_offset(vs, kv, b, sb, j, kvh), d, V->data() + size_t(j) * d, v_scale);
+    if (fp8_input && fp8.v_keys_permuted16) {  // V^T, keys permuted in groups of 16 (flashattn.h)
+      load_row(v, dtype, key_offset(vs, kv, b, sb, fp8_v_key_position(j), kvh), d, V->data() + size_t(j) * d, v_scale,
+               v_col_stride);
+    } else {
+      load_row(v, dtype, key_offset(vs, kv, b, sb, j, kvh), d, V->data() + size_t(j) * d, v_scale);
+    }
   }
 }
 
 void gather_kv(const FwdParams& p, int b, const SeqBounds& sb, int kvh, std::vector<double>* K, std::vector<double>* V) {
   gather_kv(p.k, p.v, p.dtype, p.k_stride, p.v_stride, p.kv, b, sb, kvh, p.shape.headdim, K, V, p.fp8,
-            p.shape.nheads_kv);
+            p.shape.nheads_kv, p.fp8.v_col_stride);
 }
 
 // Query row i of (sequence b, head h), rotated when the call has a rotary embedding.

@@ -63,11 +63,15 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
-// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): one key block (tile_shapes.h TileConfigFp8).
+// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): one key block (tile_shapes.h TileConfigFp8);
+// V's rows transposed in the kernel, or V^T given (fp8_v_layout keys_permuted16).
 template <int kHeadDim, class ElementOut>
 flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
-  using T = Traits<kHeadDim, cutlass::float_e4m3_t, TileConfigFp8<kHeadDim>::kBlockN, ElementOut>;
-  return launch_fwd_with<T, Schedule<>>(f, stream, opt);
+  constexpr int kBlockN = TileConfigFp8<kHeadDim>::kBlockN;
+  using E = cutlass::float_e4m3_t;
+  if (f.fp8.v_keys_permuted16)
+    return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(f, stream, opt);
+  return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut>, Schedule<>>(f, stream, opt);
 }
 
 }  // namespace flashattn::sm90

@@ -23,6 +23,7 @@
 #include "sm90/named_barriers.h"
 #include "sm90/pipeline.h"
 #include "sm90/tile_scheduler.h"
+#include "sm90/tile_shapes.h"
 
 namespace flashattn::sm90 {
 
@@ -36,11 +37,23 @@ auto make_tma_load_q(const GmemTensor& g) {
                        cute::Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
 }
 template <class Traits, class GmemTensor>
-auto make_tma_load_kv(const GmemTensor& g) {  // V's smem layout is K's (tile_shapes.h)
+auto make_tma_load_k(const GmemTensor& g) {
   using namespace cute;
-  static_assert(std::is_same_v<typename Traits::SmemLayoutK, typename Traits::SmemLayoutV>);
   return make_tma_copy(SM90_TMA_LOAD{}, g, take<0, 2>(typename Traits::SmemLayoutK{}),
                        cute::Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+}
+// V's rows: tiles of (keys, head dim) as K's; V^T (VSource::kKeysPermutedT): tiles of (head dim, keys)
+// from the (head dim, keys, head, batch) view that v_gmem_view gives.
+template <class Traits, class GmemTensor>
+auto make_tma_load_v(const GmemTensor& g) {
+  using namespace cute;
+  if constexpr (Traits::kVSource == VSource::kKeysPermutedT) {
+    return make_tma_copy(SM90_TMA_LOAD{}, g, take<0, 2>(typename Traits::SmemLayoutV{}),
+                         cute::Shape<Int<Traits::kHeadDim>, Int<Traits::kBlockN>>{}, _1{});
+  } else {
+    static_assert(std::is_same_v<typename Traits::SmemLayoutK, typename Traits::SmemLayoutV>);
+    return make_tma_load_k<Traits>(g);
+  }
 }
 
 template <class Traits>
@@ -65,13 +78,16 @@ struct Producer {
   using PipelineStorage = typename P::SharedStorage;
 
   using TmaQ = decltype(make_tma_load_q<Traits>(std::declval<TmaGmemTensor<Element const>>()));
-  using TmaKV = decltype(make_tma_load_kv<Traits>(std::declval<TmaGmemTensor<Element const>>()));
+  using TmaK = decltype(make_tma_load_k<Traits>(std::declval<TmaGmemTensor<Element const>>()));
+  using TmaV = decltype(make_tma_load_v<Traits>(std::declval<TmaGmemTensor<Element const>>()));
+  static constexpr bool kVtGlobal = Traits::kVSource == VSource::kKeysPermutedT;
   struct Params {
     TmaQ tma_q;
-    TmaKV tma_k;
-    TmaKV tma_v;
+    TmaK tma_k;
+    TmaV tma_v;
     ShapeQKV shape_q;
     ShapeQKV shape_k;
+    ShapeQKV shape_v;  // shape_k, or V^T's (head dim, keys rounded up to 16, head, batch)
   };
 
   static Params to_params(const FwdParams& f) {
@@ -82,10 +98,25 @@ struct Producer {
     auto gmem = [&](const void* ptr, int rows, int heads, const RowStrides& st) {
       return tma_gmem_tensor(static_cast<Element const*>(ptr), rows, s.headdim, heads, e.batch, st);
     };
-    return Params{make_tma_load_q<Traits>(gmem(f.q, e.rows_q, s.nheads_q, f.q_stride)),
-                  make_tma_load_kv<Traits>(gmem(f.k, e.rows_k, s.nheads_kv, f.k_stride)),
-                  make_tma_load_kv<Traits>(gmem(f.v, e.rows_k, s.nheads_kv, f.v_stride)),
-                  ShapeQKV(e.rows_q, s.headdim, s.nheads_q, e.batch), ShapeQKV(e.rows_k, s.headdim, s.nheads_kv, e.batch)};
+    const ShapeQKV shape_k(e.rows_k, s.headdim, s.nheads_kv, e.batch);
+    if constexpr (kVtGlobal) {
+      // V^T: (head dim, keys, head, batch), keys contiguous; the keys' extent is rounded up to 16
+      // because the last group's permutation puts valid keys anywhere in it (its key-less positions hold
+      // finite codes, flashattn.h); TMA zero-fills the rest of a tile. Fixed-length batches only (validate.cpp).
+      const int keys = (e.rows_k + 15) / 16 * 16;
+      const StrideQKV stride(tma_stride(s.headdim, f.fp8.v_col_stride), cute::_1{},
+                             tma_stride(s.nheads_kv, f.v_stride.head), tma_stride(e.batch, f.v_stride.batch));
+      const ShapeQKV shape_v(s.headdim, keys, s.nheads_kv, e.batch);
+      auto vt = cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(f.v)), cute::make_layout(shape_v, stride));
+      return Params{make_tma_load_q<Traits>(gmem(f.q, e.rows_q, s.nheads_q, f.q_stride)),
+                    make_tma_load_k<Traits>(gmem(f.k, e.rows_k, s.nheads_kv, f.k_stride)), make_tma_load_v<Traits>(vt),
+                    ShapeQKV(e.rows_q, s.headdim, s.nheads_q, e.batch), shape_k, shape_v};
+    } else {
+      return Params{make_tma_load_q<Traits>(gmem(f.q, e.rows_q, s.nheads_q, f.q_stride)),
+                    make_tma_load_k<Traits>(gmem(f.k, e.rows_k, s.nheads_kv, f.k_stride)),
+                    make_tma_load_v<Traits>(gmem(f.v, e.rows_k, s.nheads_kv, f.v_stride)),
+                    ShapeQKV(e.rows_q, s.headdim, s.nheads_q, e.batch), shape_k, shape_k};
+    }
   }
 
   // One thread, before the first load.
@@ -116,7 +147,7 @@ struct Producer {
     Tensor sV = make_tensor(make_smem_ptr(ts.smem_v.data()), typename Traits::SmemLayoutV{});
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_v);
     const bool varlen = fwd.cu_seqlens_q != nullptr;
 
     // Dynamic rule: the next tile is picked (and handed to the consumers) once this one's
@@ -135,8 +166,14 @@ struct Producer {
                              cute::Shape<cute::Int<kBlockM>, Int<kD>>{}, make_coord(t.m_block, _0{}));
       Tensor gK = local_tile(domain_offset(make_coord(int32_t(w.seq.k_offset), _0{}), mK(_, _, kv_head, b)),
                              cute::Shape<cute::Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));  // (N, D, n)
-      Tensor gV = local_tile(domain_offset(make_coord(int32_t(w.seq.k_offset), _0{}), mV(_, _, kv_head, b)),
-                             cute::Shape<cute::Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
+      Tensor gV = [&] {  // (N, D, n), or V^T's (D, N, n): fixed length only, no sequence offset
+        if constexpr (kVtGlobal) {
+          return local_tile(mV(_, _, kv_head, b), cute::Shape<Int<kD>, cute::Int<kBlockN>>{}, make_coord(_0{}, _));
+        } else {
+          return local_tile(domain_offset(make_coord(int32_t(w.seq.k_offset), _0{}), mV(_, _, kv_head, b)),
+                            cute::Shape<cute::Int<kBlockN>, Int<kD>>{}, make_coord(_, _0{}));
+        }
+      }();
       // (TMA, stage) for Q; (TMA, n) and (TMA, stage) for K and V.
       auto tQ = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto tK = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));

@@ -51,9 +51,17 @@ struct TileConfigFp8 {
 template <class Element>
 constexpr bool is_fp8_v = std::is_same_v<Element, cutlass::float_e4m3_t>;
 
+// Where the PV GEMM's V operand comes from. kRows: V's rows as the tensor holds them (16-bit: read
+// MN-major in place; FP8: transposed in smem by the producer warpgroup's warps 1-3). kKeysPermutedT
+// (FP8 only; fp8_v_layout keys_permuted16, flashattn.h): V^T from global memory, keys contiguous in
+// the order P's registers hold them, so TMA loads each tile straight into the K-major operand buffer:
+// no transposing warps, no second V buffer, no fourth pipeline.
+enum class VSource { kRows, kKeysPermutedT };
+
 // Element: the inputs' type (cutlass::half_t, bfloat16_t, or float_e4m3_t); ElementOut: O's
 // (the inputs' own, except FP8 writes 16-bit).
-template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN, class ElementOut_ = Element_>
+template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN, class ElementOut_ = Element_,
+          VSource kVSource_ = VSource::kRows>
 struct Traits {
   using Element = Element_;
   using ElementOut = ElementOut_;
@@ -66,8 +74,10 @@ struct Traits {
   static constexpr int kNumMmaWG = kBlockM / 64;
   static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
   static constexpr int kNumThreads = 128 + kNumMmaThreads;  // warpgroup 0 is the producer
-  // FP8: warps 1-3 of the producer warpgroup transpose V (producer.h).
-  static constexpr bool kTransposeV = kFp8;
+  static constexpr VSource kVSource = kVSource_;
+  static_assert(kVSource == VSource::kRows || kFp8, "V^T from global memory is an FP8 layout");
+  // FP8 with V's rows: warps 1-3 of the producer warpgroup transpose V (producer.h).
+  static constexpr bool kTransposeV = kFp8 && kVSource == VSource::kRows;
   static constexpr int kNumTransposeThreads = kTransposeV ? 96 : 0;
   // setmaxnreg budget: 128 * (producer + kNumMmaWG * consumer) must not exceed what the CTA was
   // launched with (384 threads x 168 registers): an increase beyond it waits forever. The V
@@ -85,8 +95,8 @@ struct Traits {
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayoutMma{}));
   // O += P V: P from registers; V from smem read MN-major (head dim contiguous), or for FP8
-  // K-major (keys contiguous: the transposed copy).
-  static constexpr cute::GMMA::Major kMajorV = kTransposeV ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
+  // K-major (keys contiguous: the transposed copy, or V^T as loaded).
+  static constexpr cute::GMMA::Major kMajorV = kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN;
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K, kMajorV>(),
       AtomLayoutMma{}));
@@ -106,16 +116,18 @@ struct Traits {
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesQ>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-  using SmemLayoutV = SmemLayoutK;  // V as TMA writes it: (keys, head dim, stage)
   // V^T as the PV GEMM's B operand (head dim, kBlockN, stage). 16-bit: the same bytes as V,
-  // read MN-major. FP8: its own buffer, keys contiguous (K-major), written by the transpose.
-  using SmemLayoutVtMN = decltype(cute::composition(
-      SmemLayoutV{},
-      cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
-                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // read MN-major. FP8: keys contiguous (K-major), written by the transpose into a buffer of its
+  // own, or by TMA from V^T in global memory into V's own buffer.
   using SmemLayoutVtK = decltype(cute::tile_to_shape(
       smem_atom_k_major<Element, kBlockN>(), cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{}));
-  using SmemLayoutVt = std::conditional_t<kTransposeV, SmemLayoutVtK, SmemLayoutVtMN>;
+  // V as TMA writes it: (keys, head dim, stage), or V^T's (head dim, keys, stage).
+  using SmemLayoutV = std::conditional_t<kVSource == VSource::kKeysPermutedT, SmemLayoutVtK, SmemLayoutK>;
+  using SmemLayoutVtMN = decltype(cute::composition(
+      SmemLayoutK{},
+      cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVtK, SmemLayoutVtMN>;
   // O's staging atom, in O's own (16-bit) type.
   using SmemAtomO = decltype(smem_atom_k_major<ElementOut, kHeadDim>());
   // O has no layout here: the epilogue owns its staging (epilogue.h, OStaging).

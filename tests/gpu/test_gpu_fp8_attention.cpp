@@ -38,12 +38,15 @@ T* to_device(const std::vector<T>& h) {
 }
 
 // Runs P on the GPU (backend sm90): its host buffers are copied in, out/lse copied back.
-flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN_BACKEND_SM90) {
+// vt_row_len > 0: V given as V^T with keys permuted in groups of 16, rows of that length
+// (fp8_v_layout keys_permuted16).
+flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN_BACKEND_SM90, int vt_row_len = 0) {
   flashattn_fwd_params p = P.params(backend);
   p.options.device = 0;
+  if (vt_row_len > 0) P.use_keys_permuted16(p, vt_row_len);
   uint8_t* q = to_device(P.q);
   uint8_t* k = to_device(P.k);
-  uint8_t* v = to_device(P.v);
+  uint8_t* v = to_device(vt_row_len > 0 ? P.vt : P.v);
   uint16_t* out = to_device(P.out);  // NaN-poisoned by Fp8Problem
   float* lse = to_device(P.lse);
   float* qs = to_device(P.q_scale);
@@ -178,6 +181,37 @@ std::vector<Fp8Case> gpu_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sm90, GpuFp8Attention, ::testing::ValuesIn(gpu_cases()),
+                         [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
+
+// V given as V^T, keys permuted in groups of 16 (fp8_v_layout keys_permuted16): the kernel loads it
+// by TMA without its in-kernel transpose. Fixed-length cases of every FP8 head dim (and ones run on
+// them), ragged key counts (a partial last group and tile), row lengths past the minimum, the
+// options of the main grid; the same bound.
+class GpuFp8AttentionVt : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(GpuFp8AttentionVt, KeysPermutedVWithinE4M3Bound) {
+  std::string why;
+  if (!have_sm90(&why)) GTEST_SKIP() << why;
+  const uint64_t seed = fresh_seed();
+  Fp8Problem P(GetParam(), seed);
+  const int row_len = (P.c.sk + 15) / 16 * 16 + (P.c.sk % 2 ? 48 : 0);
+  ASSERT_EQ(run_on_gpu(P, FLASHATTN_BACKEND_SM90, row_len), FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
+  expect_within_fp8_bound(P, attention_of_dequantized(P));
+}
+
+std::vector<Fp8Case> vt_cases() {
+  std::vector<Fp8Case> v;
+  for (const Fp8Case& c : gpu_cases())
+    if (!c.varlen()) v.push_back(c);
+  Fp8Case c;
+  c.batch = 3, c.sq = 7, c.sk = 1, c.hq = 4, c.hkv = 4, c.d = 128;
+  v.push_back(c);  // one key: 15 of the group's 16 positions are padding
+  c.sk = 137, c.sq = 129, c.d = 64, c.causal = true, c.softmax_scale = 0.5f;
+  v.push_back(c);  // a partial last tile and group at hdim 64, sharp
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, GpuFp8AttentionVt, ::testing::ValuesIn(vt_cases()),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
 
 // What the sm90 FP8 kernel does not run is refused naming the field, never run wrongly.

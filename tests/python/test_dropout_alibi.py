@@ -175,20 +175,21 @@ def test_keep_mask_matches_dropout_h(seed, offset):
                     reason="the layout numbers are x86-64's")
 def test_abi_struct_layout():
     # FwdParams grew from 424 to 656 bytes with the inference fields (kv_cache at 424, num_splits at 648),
-    # then to 696 with the FP8 scales (fp8 at 656).
-    assert ctypes.sizeof(_lib.FwdParams) == 696 and ctypes.sizeof(_lib.BwdParams) == 712
+    # then to 696 with the FP8 scales (fp8 at 656), then to 704 with fp8_v_layout (at 696).
+    assert ctypes.sizeof(_lib.FwdParams) == 704 and ctypes.sizeof(_lib.BwdParams) == 712
     assert _lib.FwdParams.dropout_seed.offset == 384 and _lib.BwdParams.dropout_seed.offset == 672
     assert _lib.FwdParams.kv_cache.offset == 424 and _lib.FwdParams.num_splits.offset == 648
     assert _lib.FwdParams.fp8.offset == 656 and ctypes.sizeof(_lib.Fp8Scales) == 40
+    assert _lib.FwdParams.fp8_v_layout.offset == 696
     assert _lib.Fp8Scales.q_block_size.offset == 24 and _lib.Fp8Scales.out_dtype.offset == 32
     assert ctypes.sizeof(_lib.KvCache) == 224
     assert _lib.KvCache.k_new.offset == 48 and _lib.KvCache.rotary_cos.offset == 192
-    for cls, tail in ((_lib.FwdParams, ["kv_cache", "num_splits", "fp8"]), (_lib.BwdParams, [])):
+    for cls, tail in ((_lib.FwdParams, ["kv_cache", "num_splits", "fp8", "fp8_v_layout"]), (_lib.BwdParams, [])):
         names = [f[0] for f in cls._fields_]
         assert names[-6 - len(tail):] == ["lse_fp64", "dropout_seed", "dropout_offset", "dropout_rng_state",
                                           "alibi_slopes", "alibi_batch_stride"] + tail
     lib = _lib.load()
-    assert lib.flashattn_fwd_params_init().struct_size == 696
+    assert lib.flashattn_fwd_params_init().struct_size == 704
     assert lib.flashattn_bwd_params_init().struct_size == 712
 
 

@@ -279,6 +279,160 @@ def test_opcheck_fwd_fp8():
     torch.library.opcheck(torch.ops.flashattn.fwd_fp8.default, args, test_utils=("test_faketensor",))
 
 
+# ---- v_layout="keys_permuted16": V^T with the keys permuted in groups of 16 ----------------------------
+
+
+def _perm16(k):
+    """The definition in flashattn.h: key k = 8 k3 + 4 k2 + 2 k1 + k0 of a group sits at 8 k2 + 4 k1 + 2 k3 + k0."""
+    k3, k2, k1, k0 = (k >> 3) & 1, (k >> 2) & 1, (k >> 1) & 1, k & 1
+    return 8 * k2 + 4 * k1 + 2 * k3 + k0
+
+
+def _nonzero_codes(shape, g):
+    """_codes without zero codes, so that a zero in the layout can only be padding."""
+    x = _codes(shape, g).view(torch.uint8)
+    return torch.where((x & 0x7F) == 0, torch.full_like(x, 0x38), x).view(E4M3)  # 0x38: 1.0
+
+
+def _vt_rows(vt):
+    """The V^T storage behind a keys_permuted16 view: uint8 [b, h, d, L] (L = vt.stride(3))."""
+    b, _, h, d = vt.shape
+    L = vt.stride(3)
+    return torch.as_strided(vt, (b, h, d, L), (vt.stride(0), vt.stride(2), L, 1)).view(torch.uint8)
+
+
+def test_perm16_examples():
+    # Hand-checked against the bit formula: k1 -> 4, k2 -> 8, k3 -> 2, k0 stays.
+    assert [_perm16(k) for k in range(16)] == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+
+
+@pytest.mark.parametrize("s", [1, 7, 16, 113])
+@pytest.mark.parametrize("row_len", [None, "+32"])
+def test_keys_permuted16_layout_is_the_definition(s, row_len):
+    g = _gen(7)
+    b, h, d = 2, 3, 5
+    # A strided input (a transposed [b, h, s, d] buffer): the helper reads v through its strides.
+    v = _nonzero_codes((b, h, s, d), g).transpose(1, 2)
+    L = -(-s // 16) * 16 + (32 if row_len else 0)
+    vt = fp8.keys_permuted16(v, row_len=L if row_len else None)
+    assert vt.dtype == E4M3 and vt.shape == v.shape and vt.device == v.device
+    assert vt.stride() == (h * d * L, 1, d * L, L)
+    rows, codes = _vt_rows(vt), v.view(torch.uint8)
+    assert rows.shape == (b, h, d, L)
+    # A few elements by index.
+    for (bi, j, hi, c) in [(0, 0, 0, 0), (1, s - 1, 2, 4), (0, s // 2, 1, 3), (1, min(s - 1, 9), 0, 1)]:
+        assert rows[bi, hi, c, 16 * (j // 16) + _perm16(j % 16)] == codes[bi, j, hi, c], (bi, j, hi, c)
+    # Every key, and zeros everywhere else.
+    want = torch.zeros(b, h, d, L, dtype=torch.uint8)
+    for j in range(s):
+        want[:, :, :, 16 * (j // 16) + _perm16(j % 16)] = codes[:, j]
+    assert torch.equal(rows, want)
+    holds_key = {16 * (j // 16) + _perm16(j % 16) for j in range(s)}
+    assert len(holds_key) == s  # a permutation: no two keys share a position
+    pads = [p for p in range(L) if p not in holds_key]
+    assert (rows[..., pads] == 0).all()
+
+
+def test_keys_permuted16_refuses_bad_arguments():
+    v = _nonzero_codes((1, 20, 1, 16), _gen(8))
+    for bad in (16, 40, 33.0, True):  # 16 < 20 rounded up to 32; 40 is no multiple of 16
+        with pytest.raises(ValueError, match="row_len"):
+            fp8.keys_permuted16(v, row_len=bad)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8.keys_permuted16(v.float())
+    with pytest.raises(ValueError, match="4 dims"):
+        fp8.keys_permuted16(v[0])
+
+
+VT_CASES = [
+    # (batch, sq, sk, hq, hk, d, q_block, k_block, causal, window, softcap, out_dtype)
+    (2, 7, 1, 4, 2, 32, 128, 128, False, (-1, -1), 0.0, torch.bfloat16),
+    (1, 113, 7, 6, 2, 16, 7, 3, True, (-1, -1), 0.0, torch.float16),
+    (2, 33, 113, 4, 1, 64, 16, 7, False, (20, 3), 5.0, torch.bfloat16),
+    (1, 1, 113, 2, 2, 24, 1, 2**31 - 1, False, (-1, -1), 0.0, torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", VT_CASES, ids=lambda c: f"sq{c[1]}-sk{c[2]}-h{c[3]}/{c[4]}-d{c[5]}")
+def test_keys_permuted16_gives_the_rows_result_bit_for_bit(case):
+    b, sq, sk, hq, hk, d, qb, kb, causal, window, softcap, out_dtype = case
+    g = _gen(9)
+    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
+    nq, nk = -(-sq // qb), -(-sk // kb)
+    kw = dict(causal=causal, window_size=window, softcap=softcap, q_scale=_scales(b, hq, nq, g),
+              k_scale=_scales(b, hk, nk, g), v_scale=_scales(b, hk, nk, g), q_block_size=qb, k_block_size=kb,
+              out_dtype=out_dtype, return_attn_probs=True)
+    out, lse, _ = flash_attn_func(q, k, v, **kw)
+    for row_len in (None, -(-sk // 16) * 16 + 48):
+        vt = fp8.keys_permuted16(v, row_len=row_len)
+        out_t, lse_t, _ = flash_attn_func(q, k, vt, v_layout="keys_permuted16", **kw)
+        assert torch.equal(out_t, out), f"seed {SEED}: row_len {row_len}"
+        assert torch.equal(lse_t, lse), f"seed {SEED}: row_len {row_len}"
+    assert not torch.isnan(out).any()
+
+
+def test_keys_permuted16_padded_head_dim_copy():
+    """The CUDA path pads the head dim (to 16 bytes) as for q and k: the V^T copy keeps the layout, adds zero
+    columns, and keeps the keys past the view's seqlen (a .contiguous() of the view would drop them)."""
+    from flashattn import _ops
+
+    v = _nonzero_codes((2, 7, 3, 5), _gen(10))
+    vt = fp8.keys_permuted16(v)
+    padded = _ops._v_keys_permuted16(vt, 11)
+    assert padded.shape == (2, 7, 3, 16) and padded.stride() == (3 * 16 * 16, 1, 16 * 16, 16)
+    rows = _vt_rows(padded)
+    assert torch.equal(rows[:, :, :5], _vt_rows(vt)) and (rows[:, :, 5:] == 0).all()
+    assert _ops._v_keys_permuted16(vt, 0) is vt  # host tensors, nothing to pad: v itself
+
+
+def test_keys_permuted16_refusals_name_v_layout():
+    (q, k, v), kw = _small()
+    vt = fp8.keys_permuted16(v)
+    with pytest.raises(ValueError, match="v_layout='keys_permuted16' needs v as flashattn.fp8.keys_permuted16"):
+        flash_attn_func(q, k, v, v_layout="keys_permuted16", **kw)  # a plain contiguous v
+    # V^T (keys contiguous) but with rows of 12 keys: no multiple of 16, and shorter than seqlen_k rounded up.
+    rows12 = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert rows12.stride(1) == 1 and rows12.stride(3) == 12
+    with pytest.raises(ValueError, match=r"v_layout='keys_permuted16' needs v .* v.stride\(\) = \(192, 1, 192, 12\)"):
+        flash_attn_func(q, k, rows12, v_layout="keys_permuted16", **kw)
+    for bad in ("keys_permuted", "ROWS", 1, None):
+        with pytest.raises(ValueError, match="v_layout must be one of"):
+            flash_attn_func(q, k, vt, v_layout=bad, **kw)
+    (qb, kb, vb), _ = _small(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="v_layout is for float8_e4m3fn inputs"):
+        flash_attn_func(qb, kb, vb, v_layout="keys_permuted16")
+    with pytest.raises(ValueError, match="v_layout must be one of"):
+        flash_attn_func(qb, kb, vb, v_layout="columns")
+    # A view whose storage ends before its last V^T row does (the kernel reads seqlen_k rounded up to 16).
+    short = torch.as_strided(torch.ones(7, dtype=torch.uint8).view(E4M3), (1, 7, 1, 1), (16, 1, 16, 16))
+    q1, k1 = _codes((1, 3, 1, 1), _gen(11)), _codes((1, 7, 1, 1), _gen(12))
+    one = torch.ones(())
+    with pytest.raises(ValueError, match="v_layout='keys_permuted16': v's storage"):
+        flash_attn_func(q1, k1, short, q_scale=one, k_scale=one, v_scale=one, v_layout="keys_permuted16")
+    # The rows layout is the default and accepts "rows" spelled out.
+    assert torch.equal(flash_attn_func(q, k, v, v_layout="rows", **kw), flash_attn_func(q, k, v, **kw))
+
+
+def test_opcheck_fwd_fp8_keys_permuted16():
+    (q, k, v), kw = _small()
+    args = (q, k, fp8.keys_permuted16(v), kw["q_scale"], kw["k_scale"], kw["v_scale"], None, None, 0, 0, 9, 12, 0.25,
+            True, -1, 0, 0.0, None, torch.float16, 0, 1)
+    torch.library.opcheck(torch.ops.flashattn.fwd_fp8.default, args, test_utils=("test_faketensor",))
+
+
+def test_torch_compile_keeps_the_keys_permuted16_strides():
+    """Under torch.compile the op gets v as given: a copy to another layout would lose keys (wrong output)."""
+    torch._dynamo.reset()
+    (q, k, v), kw = _small()
+    vt = fp8.keys_permuted16(v)
+
+    def f(q, k, vt):
+        return flash_attn_func(q, k, vt, causal=True, v_layout="keys_permuted16", **kw)
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    assert torch.equal(compiled(q, k, vt), flash_attn_func(q, k, v, causal=True, **kw))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_fp8_runs_on_sm90_and_is_refused_elsewhere():
     """sm90: the FP8 kernel, within its E4M3 bound of the dequantized fp64 attention (the bound of
@@ -292,8 +446,17 @@ def test_cuda_fp8_runs_on_sm90_and_is_refused_elsewhere():
             flash_attn_func(qc, kc, vc, **kwc)
         return
     out = flash_attn_func(qc, kc, vc, **kwc).cpu().double()
-    qd, kd, vd = (t.double() for t in (q, k, v))  # scales are 1
-    kd, vd = kd.repeat_interleave(2, dim=2), vd.repeat_interleave(2, dim=2)  # GQA 2 / 1
+    want, bound = _sm90_fp8_bound(q, k, v)
+    assert not torch.isnan(out).any()
+    err = (out - want).abs()
+    assert (err <= bound).all(), f"max err/bound {float((err / bound).max()):.3g}"
+
+
+def _sm90_fp8_bound(q, k, v):
+    """(the fp64 attention of FP8 q, k, v with scales 1, the sm90 kernel's error bound around it)."""
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    kd, vd = kd.repeat_interleave(g, dim=2), vd.repeat_interleave(g, dim=2)  # GQA
     scale = 1 / math.sqrt(q.shape[-1])
     s = torch.einsum("bihd,bjhd->bhij", qd, kd) * scale
     p = torch.softmax(s, dim=-1)
@@ -304,7 +467,24 @@ def test_cuda_fp8_runs_on_sm90_and_is_refused_elsewhere():
     # p below E4M3's normal range is off by up to min(P, 2^-18 / l) absolute (tests/fp8_problem.h,
     # p_flush); 1 / l = max_j P_ij.
     p_flush = torch.einsum("bhij,bjhd->bihd", torch.minimum(p, 2.0**-18 * p.amax(dim=-1, keepdim=True)), vd.abs())
-    bound = 2.0**-4 * pv_abs + ds_pv + 2.0**-8 * want.abs() + p_flush + 1e-6
+    return want, 2.0**-4 * pv_abs + ds_pv + 2.0**-8 * want.abs() + p_flush + 1e-6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("sk, d", [(113, 64), (7, 40), (256, 128)])
+def test_cuda_keys_permuted16_within_the_bound(sk, d):
+    """sm90 with v in keys_permuted16 (d = 40: the head dim padded to 48 in the V^T copy): within the FP8 bound
+    of the dequantized fp64 attention, as the rows layout (printed: whether the two agree bit for bit)."""
+    g = _gen(13)
+    q, k, v = _codes((2, 33, 4, d), g), _codes((2, sk, 2, d), g), _codes((2, sk, 2, d), g)
+    one = torch.ones((), device="cuda")
+    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    kw = dict(q_scale=one, k_scale=one, v_scale=one)
+    out = flash_attn_func(qc, kc, fp8.keys_permuted16(vc), v_layout="keys_permuted16", **kw).cpu()
+    rows = flash_attn_func(qc, kc, vc, **kw).cpu()
+    print(f"sk {sk} d {d}: keys_permuted16 == rows bit for bit: {torch.equal(out, rows)}")
+    want, bound = _sm90_fp8_bound(q, k, v)
     assert not torch.isnan(out).any()
-    err = (out - want).abs()
+    err = (out.double() - want).abs()
     assert (err <= bound).all(), f"max err/bound {float((err / bound).max()):.3g}"
