@@ -488,3 +488,97 @@ def test_cuda_keys_permuted16_within_the_bound(sk, d):
     assert not torch.isnan(out).any()
     err = (out.double() - want).abs()
     assert (err <= bound).all(), f"max err/bound {float((err / bound).max()):.3g}"
+
+
+# ---- flash_attn_fp8_func's v_layout: keys_permuted16 where the sm90 kernel runs it, rows elsewhere -----------
+
+FUNC_VT_CASES = [
+    # (batch, sq, sk, hq, hk, d, block_size, causal, window, softcap, dtype)
+    (2, 7, 113, 4, 2, 64, 16, False, (-1, -1), 0.0, torch.float32),
+    (1, 113, 7, 6, 2, 32, 128, True, (-1, -1), 0.0, torch.bfloat16),
+    (2, 33, 113, 4, 1, 16, 7, False, (20, 3), 5.0, torch.float64),
+]
+
+
+@pytest.mark.parametrize("case", FUNC_VT_CASES, ids=lambda c: f"sq{c[1]}-sk{c[2]}-h{c[3]}/{c[4]}-d{c[5]}")
+def test_fp8_func_keys_permuted16_equals_rows_bit_for_bit(case):
+    """On the host (the reference backend) v_layout="keys_permuted16" computes the same attention from V^T as
+    "rows" does from V: the same out and lse bit for bit, with and without return_attn_probs."""
+    b, sq, sk, hq, hk, d, block, causal, window, softcap, dtype = case
+    g = _gen(14)
+    q = torch.randn(b, sq, hq, d, generator=g, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(b, sk, hk, d, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    kw = dict(causal=causal, window_size=window, softcap=softcap, block_size=block, seed=SEED)
+    out, lse, probs = fp8.flash_attn_fp8_func(q, k, v, v_layout="rows", return_attn_probs=True, **kw)
+    out_t, lse_t, probs_t = fp8.flash_attn_fp8_func(q, k, v, v_layout="keys_permuted16", return_attn_probs=True, **kw)
+    assert torch.equal(out_t, out) and torch.equal(lse_t, lse), f"seed {SEED}"
+    assert probs is None and probs_t is None
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, v_layout="keys_permuted16", **kw), out)
+    assert not torch.isnan(out).any()
+    assert out.dtype == (dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
+
+
+def test_fp8_func_v_layout_none_picks_rows_on_the_host(monkeypatch):
+    """v_layout=None (the default) converts v only where the sm90 kernel runs: on CPU tensors it does not."""
+    calls = []
+    real = fp8.keys_permuted16
+
+    def recording(v_fp8, *args, **kwargs):
+        calls.append(tuple(v_fp8.shape))
+        return real(v_fp8, *args, **kwargs)
+
+    monkeypatch.setattr(fp8, "keys_permuted16", recording)
+    q, k, v = _fp8_case(15, b=1, s=40, h=2, d=32)
+    out = fp8.flash_attn_fp8_func(q, k, v, block_size=16)
+    assert calls == []
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout=None), out) and calls == []
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout="rows"), out) and calls == []
+    # The recorder does see the conversion when it is asked for (one pass, on the quantized v).
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout="keys_permuted16"), out)
+    assert calls == [tuple(v.shape)]
+
+
+def test_fp8_func_refuses_a_bad_v_layout_by_name():
+    q, k, v = _fp8_case(16, b=1, s=9, h=1, d=16)
+    for bad in ("ROWS", "keys_permuted", "auto", 1, True):
+        with pytest.raises(ValueError, match="flash_attn_fp8_func: v_layout must be None"):
+            fp8.flash_attn_fp8_func(q, k, v, v_layout=bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+@pytest.mark.parametrize("sk, d", [(113, 64), (300, 128), (7, 256)])
+def test_cuda_fp8_func_keys_permuted16_by_default_within_the_bound(sk, d, monkeypatch):
+    """sm90: flash_attn_fp8_func converts v to keys_permuted16 by default (once per call); that result and the
+    rows layout's are each within the FP8 bound of the fp64 attention of the quantized inputs (dequantized here
+    exactly; they differ only by the kernel's accumulation order, so not compared bit for bit)."""
+    calls = []
+    real = fp8.keys_permuted16
+
+    def recording(v_fp8, *args, **kwargs):
+        calls.append(v_fp8.device.type)
+        return real(v_fp8, *args, **kwargs)
+
+    monkeypatch.setattr(fp8, "keys_permuted16", recording)
+    g = _gen(17)
+    b, sq, hq, hk, block, seed = 2, 130, 4, 2, 128, 5
+    q = torch.randn(b, sq, hq, d, generator=g).cuda()
+    k, v = (torch.randn(b, sk, hk, d, generator=g).cuda() for _ in range(2))
+    with torch.no_grad():
+        auto = fp8.flash_attn_fp8_func(q, k, v, block_size=block, seed=seed)
+        assert calls == ["cuda"]
+        rows = fp8.flash_attn_fp8_func(q, k, v, block_size=block, seed=seed, v_layout="rows")
+        assert calls == ["cuda"]
+        # The quantization flash_attn_fp8_func does (deterministic), dequantized exactly on the host.
+        qf, qs = fp8.quantize(q, block_size=block, hadamard=True, seed=seed)
+        kf, ks = fp8.quantize(k, block_size=block, hadamard=True, seed=seed)
+        vf, vs = fp8.quantize(v, block_size=block)
+    deq = [_dequantize(x.cpu(), s.cpu(), block) for x, s in ((qf, qs), (kf, ks), (vf, vs))]
+    want, bound = _sm90_fp8_bound(*deq)
+    for name, out in (("v_layout=None", auto), ("rows", rows)):
+        assert out.dtype == torch.bfloat16, name
+        out = out.cpu().double()
+        assert not torch.isnan(out).any(), name
+        err = (out - want).abs()
+        assert (err <= bound).all(), f"{name}: max err/bound {float((err / bound).max()):.3g}"
+    print(f"sk {sk} d {d}: v_layout=None == rows bit for bit: {torch.equal(auto, rows)}")
