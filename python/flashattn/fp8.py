@@ -204,7 +204,8 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
             CUDA device of compute capability 9.x, a library with the sm90 backend), "rows" elsewhere. Why: the
             sm90 kernel then loads V without transposing it in shared memory (H200, 16k tokens: hdim 256 843 ->
             1163 TFLOP/s, hdim 128 667 -> 776); the cost is `keys_permuted16(v_fp8)`, one extra pass over the
-            FP8 V, ~1-3% of the attention time at 4k-16k tokens. "keys_permuted16" forces it on any device (the
+            FP8 V (a torch scatter; estimated at a few percent of the attention time at 4k-16k tokens, not timed
+            yet). "keys_permuted16" forces it on any device (the
             CPU reference gives the rows result bit for bit); the result differs from "rows" on the GPU only by
             the kernel's accumulation order.
 
