@@ -57,6 +57,15 @@ def _expect_one_rounding(out, want, dtype):
     assert not bad.any(), f"seed {SEED}: {int(bad.sum())} elements off by more than one rounding (max err {err.max():.3g})"
 
 
+def _case_inputs(case, seed):
+    """Random E4M3 codes q, k, v and their block scales for a CASES / VT_CASES row."""
+    b, sq, sk, hq, hk, d, qb, kb = case[:8]
+    g = _gen(seed)
+    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
+    nq, nk = -(-sq // qb), -(-sk // kb)
+    return q, k, v, _scales(b, hq, nq, g), _scales(b, hk, nk, g), _scales(b, hk, nk, g)
+
+
 CASES = [
     # (batch, sq, sk, hq, hk, d, q_block, k_block, causal, window, softcap, out_dtype)
     (2, 7, 113, 4, 2, 64, 1, 7, False, (-1, -1), 0.0, torch.bfloat16),
@@ -69,10 +78,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"sq{c[1]}-sk{c[2]}-qb{c[6]}-kb{c[7]}")
 def test_equals_fp64_attention_of_the_dequantized_inputs(case):
     b, sq, sk, hq, hk, d, qb, kb, causal, window, softcap, out_dtype = case
-    g = _gen(1)
-    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
-    nq, nk = -(-sq // qb), -(-sk // kb)
-    qs, ks, vs = _scales(b, hq, nq, g), _scales(b, hk, nk, g), _scales(b, hk, nk, g)
+    q, k, v, qs, ks, vs = _case_inputs(case, seed=1)
     out, lse, probs = flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, q_scale=qs,
                                       k_scale=ks, v_scale=vs, q_block_size=qb, k_block_size=kb, out_dtype=out_dtype,
                                       return_attn_probs=True)
@@ -356,12 +362,9 @@ VT_CASES = [
 @pytest.mark.parametrize("case", VT_CASES, ids=lambda c: f"sq{c[1]}-sk{c[2]}-h{c[3]}/{c[4]}-d{c[5]}")
 def test_keys_permuted16_gives_the_rows_result_bit_for_bit(case):
     b, sq, sk, hq, hk, d, qb, kb, causal, window, softcap, out_dtype = case
-    g = _gen(9)
-    q, k, v = _codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)
-    nq, nk = -(-sq // qb), -(-sk // kb)
-    kw = dict(causal=causal, window_size=window, softcap=softcap, q_scale=_scales(b, hq, nq, g),
-              k_scale=_scales(b, hk, nk, g), v_scale=_scales(b, hk, nk, g), q_block_size=qb, k_block_size=kb,
-              out_dtype=out_dtype, return_attn_probs=True)
+    q, k, v, qs, ks, vs = _case_inputs(case, seed=9)
+    kw = dict(causal=causal, window_size=window, softcap=softcap, q_scale=qs, k_scale=ks, v_scale=vs,
+              q_block_size=qb, k_block_size=kb, out_dtype=out_dtype, return_attn_probs=True)
     out, lse, _ = flash_attn_func(q, k, v, **kw)
     for row_len in (None, -(-sk // 16) * 16 + 48):
         vt = fp8.keys_permuted16(v, row_len=row_len)
