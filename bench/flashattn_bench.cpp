@@ -1,8 +1,8 @@
 // flashattn-bench: TFLOP/s of the flashattn paths through the C ABI.
 //
 //   flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim 128]
-//                   [--seqlen 4096] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16]
-//                   [--iters 10] [--sweep] [--json FILE]
+//                   [--seqlen 4096] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16|fp8]
+//                   [--fp8-v rows|keys_permuted16] [--iters 10] [--sweep] [--json FILE]
 //                   [--no-pingpong] [--no-overlap] [--ablation]
 //
 // FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d, halved when causal; bwd 2.5x fwd;
@@ -14,6 +14,9 @@
 // pingpong schedule between consumer warpgroups / the intra-warpgroup softmax-GEMM overlap;
 // --ablation times all four combinations per shape (impl names say which is off). The kernels
 // with one off exist only in a library configured with -DFLASHATTN_SM90_ABLATION=ON.
+// --dtype fp8 (forward, GPU): q, k, v drawn in bf16 as for the other dtypes, quantized to E4M3 with
+// 128-token block scales by flashattn_fp8_quantize (not timed), O in bf16; --fp8-v keys_permuted16
+// passes V as V^T (fp8_v_layout; built on the host, not timed), impl "<impl>+fp8" or "+fp8vt".
 // Without CUDA (or with --backend cpu) it times the CPU path on a couple of small shapes and
 // checks it against the reference path (the "CPU demo").
 #include <algorithm>
@@ -36,7 +39,7 @@
 namespace {
 
 struct Config {
-  std::string backend = "auto", mode = "fwd", dtype = "bf16", json;
+  std::string backend = "auto", mode = "fwd", dtype = "bf16", json, fp8_v = "rows";
   int hdim = 128, seqlen = 4096, batch = 0, nheads = 0, iters = 10;
   bool causal = false, sweep = false;
   bool pingpong = true, overlap = true, ablation = false;  // sm90 forward switches
@@ -52,8 +55,9 @@ struct Row {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "%s\nusage: flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim D]\n"
-               "       [--seqlen S] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16] [--iters N]\n"
-               "       [--sweep] [--json FILE] [--no-pingpong] [--no-overlap] [--ablation]\n",
+               "       [--seqlen S] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16|fp8] [--iters N]\n"
+               "       [--fp8-v rows|keys_permuted16] [--sweep] [--json FILE] [--no-pingpong] [--no-overlap]\n"
+               "       [--ablation]\n",
                why);
   std::exit(2);
 }
@@ -70,6 +74,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--mode") c.mode = val();
     else if (a == "--dtype") c.dtype = val();
     else if (a == "--json") c.json = val();
+    else if (a == "--fp8-v") c.fp8_v = val();
     else if (a == "--hdim") c.hdim = std::atoi(val().c_str());
     else if (a == "--seqlen") c.seqlen = std::atoi(val().c_str());
     else if (a == "--batch") c.batch = std::atoi(val().c_str());
@@ -86,7 +91,10 @@ Config parse(int argc, char** argv) {
   if (c.mode != "fwd" && c.mode != "bwd" && c.mode != "fwdbwd") usage("--mode: fwd, bwd or fwdbwd");
   if ((c.ablation || !c.pingpong || !c.overlap) && (c.backend != "sm90" || c.mode != "fwd"))
     usage("--no-pingpong, --no-overlap and --ablation apply to --backend sm90 --mode fwd");
-  if (c.dtype != "bf16" && c.dtype != "fp16") usage("--dtype: bf16 or fp16");
+  if (c.dtype != "bf16" && c.dtype != "fp16" && c.dtype != "fp8") usage("--dtype: bf16, fp16 or fp8");
+  if (c.fp8_v != "rows" && c.fp8_v != "keys_permuted16") usage("--fp8-v: rows or keys_permuted16");
+  if (c.dtype == "fp8" && c.mode != "fwd") usage("--dtype fp8: forward only (--mode fwd)");
+  if (c.dtype != "fp8" && c.fp8_v != "rows") usage("--fp8-v: only with --dtype fp8");
   if (c.backend != "sm80" && c.backend != "sm90" && c.backend != "auto" && c.backend != "cpu")
     usage("--backend: sm80, sm90, auto or cpu");
   return c;
@@ -155,8 +163,56 @@ double median(std::vector<double> v) {
     }                                                                               \
   } while (0)
 
+// FP8 inputs for bench_gpu: q, k, v (bf16, on the device) quantized to E4M3 with 128-token block
+// scales into fp8_buf (3 x n bytes) and scale_buf (3 x b h blocks floats); with keys_permuted16, V
+// rewritten on the host as V^T, keys permuted in groups of 16 (flashattn.h), into vt (b h d L bytes).
+bool prepare_fp8(const Config& c, int b, int h, int s, int d, void* const (&x)[3], uint8_t* fp8_buf,
+                 float* scale_buf, uint8_t** vt, flashattn_fwd_params* f) {
+  const size_t n = size_t(b) * s * h * d;
+  const int blocks = (s + 127) / 128;
+  const size_t nscale = size_t(b) * h * blocks;
+  for (int i = 0; i < 3; ++i) {
+    flashattn_fp8_quantize_params qp = flashattn_fp8_quantize_params_init();
+    qp.dtype = FLASHATTN_DTYPE_BF16;
+    qp.x = tensor(x[i], b, s, h, d);
+    qp.x_fp8 = tensor(fp8_buf + i * n, b, s, h, d);
+    qp.scales = scale_buf + i * nscale;
+    qp.block_size = 128;
+    qp.options.device = 0;
+    if (flashattn_fp8_quantize(&qp, nullptr) != FLASHATTN_SUCCESS) {
+      std::fprintf(stderr, "  fp8 quantize: %s\n", flashattn_last_error());
+      return false;
+    }
+  }
+  f->dtype = FLASHATTN_DTYPE_FP8_E4M3;
+  f->q = tensor(fp8_buf, b, s, h, d), f->k = tensor(fp8_buf + n, b, s, h, d), f->v = tensor(fp8_buf + 2 * n, b, s, h, d);
+  f->fp8.q_scale = scale_buf, f->fp8.k_scale = scale_buf + nscale, f->fp8.v_scale = scale_buf + 2 * nscale;
+  f->fp8.q_block_size = f->fp8.k_block_size = 128;
+  f->fp8.out_dtype = FLASHATTN_DTYPE_BF16;
+  if (c.fp8_v == "keys_permuted16") {
+    const int64_t len = (int64_t(s) + 15) / 16 * 16;
+    std::vector<uint8_t> rows(n), t(size_t(b) * h * d * len, 0);
+    if (cudaMemcpy(rows.data(), fp8_buf + 2 * n, n, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (int bi = 0; bi < b; ++bi)
+      for (int j = 0; j < s; ++j) {
+        const int k = j & 15, pos = (j & ~15) | ((k & 6) << 1) | ((k & 8) >> 2) | (k & 1);
+        for (int hi = 0; hi < h; ++hi)
+          for (int ci = 0; ci < d; ++ci)
+            t[((size_t(bi) * h + hi) * d + ci) * len + pos] = rows[((size_t(bi) * s + j) * h + hi) * d + ci];
+      }
+    if (cudaMalloc(vt, t.size()) != cudaSuccess ||
+        cudaMemcpy(*vt, t.data(), t.size(), cudaMemcpyHostToDevice) != cudaSuccess)
+      return false;
+    f->v.data = *vt;
+    f->v.stride[0] = int64_t(h) * d * len, f->v.stride[1] = 1, f->v.stride[2] = int64_t(d) * len, f->v.stride[3] = len;
+    f->fp8_v_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+  }
+  return cudaDeviceSynchronize() == cudaSuccess;
+}
+
 bool bench_gpu(const Config& c, int b, int h, int s, int d, bool causal, Row* row) {
-  const bool bf16 = c.dtype == "bf16";
+  const bool fp8 = c.dtype == "fp8";
+  const bool bf16 = c.dtype != "fp16";  // fp8: quantized from bf16
   const size_t n = size_t(b) * s * h * d, bytes = n * 2;
   std::vector<uint16_t> host(n);
   void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
@@ -178,6 +234,19 @@ bool bench_gpu(const Config& c, int b, int h, int s, int d, bool causal, Row* ro
   f.out = tensor(o, b, s, h, d);
   f.lse = lse;
   f.options = opt;
+  uint8_t* fp8_buf = nullptr;
+  uint8_t* vt = nullptr;
+  float* scale_buf = nullptr;
+  if (fp8) {
+    CK(cudaMalloc(&fp8_buf, 3 * n));
+    CK(cudaMalloc(&scale_buf, 3 * size_t(b) * h * ((s + 127) / 128) * sizeof(float)));
+    if (!prepare_fp8(c, b, h, s, d, {q, k, v}, fp8_buf, scale_buf, &vt, &f)) {
+      for (void* p : {(void*)fp8_buf, (void*)scale_buf, (void*)vt}) cudaFree(p);
+      for (void** p : bufs) cudaFree(*p);
+      cudaFree(lse);
+      return false;
+    }
+  }
   flashattn_bwd_params g = flashattn_bwd_params_init();
   g.dtype = f.dtype;
   g.q = f.q, g.k = f.k, g.v = f.v, g.out = f.out, g.dout = tensor(dout, b, s, h, d);
@@ -224,6 +293,7 @@ bool bench_gpu(const Config& c, int b, int h, int s, int d, bool causal, Row* ro
   cudaEventDestroy(e1);
   const cudaError_t sync = cudaDeviceSynchronize();
   for (void** p : bufs) cudaFree(*p);
+  for (void* p : {(void*)fp8_buf, (void*)scale_buf, (void*)vt}) cudaFree(p);
   cudaFree(lse);
   if (ws) cudaFree(ws);
   if (st != FLASHATTN_SUCCESS || sync != cudaSuccess) {
@@ -315,6 +385,10 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device (or a build without CUDA): running the CPU demo\n");
     c.backend = "cpu";
   }
+  if (c.backend == "cpu" && c.dtype == "fp8") {
+    std::fprintf(stderr, "--dtype fp8 needs a GPU with the sm90 path (the CPU demo times fp32)\n");
+    return 2;
+  }
   struct Shape {
     int b, h, s, d;
     bool causal;
@@ -333,7 +407,8 @@ int main(int argc, char** argv) {
     const int b = c.batch > 0 ? c.batch : std::max(1, 16384 / c.seqlen);
     shapes.push_back({b, h, c.seqlen, c.hdim, c.causal});
   }
-  const std::string impl = impl_name(c.backend);
+  const std::string impl =
+      impl_name(c.backend) + (c.dtype != "fp8" ? "" : c.fp8_v == "rows" ? "+fp8" : "+fp8vt");
   struct Variant {
     bool pingpong, overlap;
   };
