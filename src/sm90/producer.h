@@ -43,7 +43,7 @@ auto make_tma_load_k(const GmemTensor& g) {
                        cute::Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
 }
 // V's rows: tiles of (keys, head dim) as K's; V^T (VSource::kKeysPermutedT): tiles of (head dim, keys)
-// from the (head dim, keys, head, batch) view that v_gmem_view gives.
+// from the (head dim, keys, head, batch) view that Producer::to_params builds.
 template <class Traits, class GmemTensor>
 auto make_tma_load_v(const GmemTensor& g) {
   using namespace cute;
