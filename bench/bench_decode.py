@@ -62,6 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--heads", default="32/8,64/8,32/32", help="query/kv head counts, comma-separated")
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--page-order", choices=["random", "sequential"], default="random",
+                   help="the paged cache's pages: a random permutation, or in order (what the page scatter costs)")
     p.add_argument("--max-kv-gb", type=float, default=24.0)
     p.add_argument("--impls", default="flashattn,flashattn-paged,cudnn,fa2,flashinfer")
     p.add_argument("--min-iters", type=int, default=20)
@@ -143,8 +145,9 @@ class Unavailable(Exception):
     pass
 
 
-def make_problem(device, b, sq, cache, hq, hk, d, page):
-    """q, one new k/v row, the cache (contiguous [b, cache + 1, hk, d]) and its paged copy."""
+def make_problem(device, b, sq, cache, hq, hk, d, page, page_order="random"):
+    """q, one new k/v row, the cache (contiguous [b, cache + 1, hk, d]) and its paged copy (pages in a random
+    order, as a serving engine's allocator leaves them after a while, or in order: page_order="sequential")."""
     g = torch.Generator(device="cpu").manual_seed(0)
     dt = torch.bfloat16
     q = torch.randn(b, sq, hq, d, generator=g).to(device, dt)
@@ -155,7 +158,8 @@ def make_problem(device, b, sq, cache, hq, hk, d, page):
     vc = torch.randn(b, rows, hk, d, dtype=dt, device=device)
     seqlens = torch.full((b,), cache, dtype=torch.int32, device=device)
     pages_per_seq = (rows + page - 1) // page
-    perm = torch.randperm(b * pages_per_seq, generator=g).to(device=device, dtype=torch.int32)
+    perm = (torch.randperm(b * pages_per_seq, generator=g) if page_order == "random"
+            else torch.arange(b * pages_per_seq)).to(device=device, dtype=torch.int32)
     table = perm.view(b, pages_per_seq)
     kp = torch.empty(b * pages_per_seq, page, hk, d, dtype=dt, device=device)
     vp = torch.empty_like(kp)
@@ -274,15 +278,16 @@ def main(argv=None):
                     kv_bytes = 2 * b * (cache + 1) * hk * d * 2
                     if kv_bytes / 1e9 > args.max_kv_gb:
                         continue
-                    pr = make_problem(device, b, sq, cache, hq, hk, d, args.page_size)
+                    pr = make_problem(device, b, sq, cache, hq, hk, d, args.page_size, args.page_order)
                     # More layers, each with its own cache (and paged copy), for the in-step timing.
                     n_layers = 1
                     if device.type == "cuda" and not args.no_graph and args.layers > 1:
                         n_layers = max(1, min(args.layers, int(args.layers_gb / (2 * kv_bytes / 1e9))))
-                    more = [make_problem(device, b, sq, cache, hq, hk, d, args.page_size) for _ in range(n_layers - 1)]
+                    more = [make_problem(device, b, sq, cache, hq, hk, d, args.page_size, args.page_order) for _ in range(n_layers - 1)]
                     ref = None
                     for impl in impls:
-                        row = dict(impl=impl, layout=f"paged{args.page_size}" if "paged" in impl else "contiguous", seqlen_q=sq,
+                        row = dict(impl=impl, layout=(f"paged{args.page_size}" + ("" if args.page_order == "random" else "-sequential")
+                                           if "paged" in impl else "contiguous"), seqlen_q=sq,
                                    cache=cache, batch=b, nheads_q=hq, nheads_kv=hk, hdim=d, kv_gb=kv_bytes / 1e9)
                         try:
                             fn = impl_fn(impl, pr)

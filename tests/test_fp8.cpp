@@ -681,5 +681,83 @@ TEST(Fp8Quantize, ValidationNamesTheField) {
   }
 }
 
+
+// flashattn_fp8_v_keys_permuted16 on host tensors: every key lands where flashattn.h's layout puts it
+// (perm written out from the header's bit formula, not the library's helper), every keyless position
+// of a row is 0 (the output is poisoned with NaN codes first), from a v with padded, non-contiguous
+// strides; ragged key counts and row lengths past the minimum.
+int header_key_position(int j) {
+  const int k = j % 16, k3 = k >> 3 & 1, k2 = k >> 2 & 1, k1 = k >> 1 & 1, k0 = k & 1;
+  return j / 16 * 16 + 8 * k2 + 4 * k1 + 2 * k3 + k0;
+}
+
+flashattn_fp8_v_permute_params v_permute_params(uint8_t* v, uint8_t* out, int b, int s, int h, int d, int64_t L) {
+  flashattn_fp8_v_permute_params p = flashattn_fp8_v_permute_params_init();
+  const int64_t vs[4] = {int64_t(s) * (h + 1) * (d + 3), int64_t(h + 1) * (d + 3), d + 3, 1};  // padded
+  const int64_t os[4] = {int64_t(h) * d * L, 1, int64_t(d) * L, L};
+  p.v.data = v;
+  p.v_out.data = out;
+  for (int i = 0; i < 4; ++i) {
+    p.v.stride[i] = vs[i], p.v_out.stride[i] = os[i];
+    p.v.shape[i] = p.v_out.shape[i] = i == 0 ? b : i == 1 ? s : i == 2 ? h : d;
+  }
+  return p;
+}
+
+TEST(Fp8VPermute, PutsEveryKeyWhereTheHeaderSaysAndZeroesTheRest) {
+  std::mt19937 rng(fresh_seed());
+  for (int s : {1, 7, 16, 113, 799}) {
+    for (int extra : {0, 48}) {
+      const int b = 2, h = 3, d = s == 113 ? 80 : 16;
+      const int64_t L = (s + 15) / 16 * 16 + extra;
+      std::vector<uint8_t> v(size_t(b) * s * (h + 1) * (d + 3));
+      for (auto& x : v) x = uint8_t(rng() % 0x7f);  // finite codes (0x7f is NaN)
+      std::vector<uint8_t> out(size_t(b) * h * d * L, 0x7f);
+      flashattn_fp8_v_permute_params p = v_permute_params(v.data(), out.data(), b, s, h, d, L);
+      ASSERT_EQ(flashattn_fp8_v_keys_permuted16(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+      std::vector<uint8_t> expect(out.size(), 0);
+      for (int bi = 0; bi < b; ++bi)
+        for (int j = 0; j < s; ++j)
+          for (int hi = 0; hi < h; ++hi)
+            for (int c = 0; c < d; ++c)
+              expect[((size_t(bi) * h + hi) * d + c) * L + header_key_position(j)] =
+                  v[size_t(bi * p.v.stride[0] + j * p.v.stride[1] + hi * p.v.stride[2] + c)];
+      ASSERT_EQ(out, expect) << "s " << s << " extra " << extra;
+    }
+  }
+}
+
+TEST(Fp8VPermute, RefusesBadInputByName) {
+  const int b = 2, s = 20, h = 2, d = 16;
+  const int64_t L = 32;
+  std::vector<uint8_t> v(size_t(b) * s * (h + 1) * (d + 3), 0x38), out(size_t(b) * h * d * L, 0x7f);
+  struct Case { const char* field; flashattn_status status; std::function<void(flashattn_fp8_v_permute_params&)> breaks; };
+  const Case bads[] = {
+      {"params.struct_size", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.struct_size -= 8; }},
+      {"v_out.shape[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.shape[1] = 19; }},
+      {"v.shape[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v.shape[3] = p.v_out.shape[3] = -1; }},
+      {"v.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v.stride[3] = 2; }},
+      {"v_out.stride[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.stride[1] = 2; }},
+      {"v_out.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.stride[3] = 16; }},  // < 32
+      {"v_out.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.stride[3] = 40; }},  // % 16
+      {"v_out.stride[2]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.stride[2] = 16 * 31; }},
+      {"v_out.stride[0]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.stride[0] = 16 * 32; }},
+      {"v.data: NULL", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v.data = nullptr; }},
+      {"v_out.data: NULL", FLASHATTN_ERROR_INVALID_ARGUMENT, [](auto& p) { p.v_out.data = nullptr; }},
+      {"v_out.data: overlaps v", FLASHATTN_ERROR_INVALID_ARGUMENT,
+       [&](auto& p) { p.v_out.data = static_cast<uint8_t*>(p.v.data) + 40; }},
+  };
+  for (const Case& bad : bads) {
+    std::fill(out.begin(), out.end(), 0x7f);
+    flashattn_fp8_v_permute_params p = v_permute_params(v.data(), out.data(), b, s, h, d, L);
+    bad.breaks(p);
+    EXPECT_EQ(flashattn_fp8_v_keys_permuted16(&p, nullptr), bad.status) << bad.field << ": " << flashattn_last_error();
+    EXPECT_NE(std::string(flashattn_last_error()).find(bad.field), std::string::npos)
+        << "message '" << flashattn_last_error() << "' should name '" << bad.field << "'";
+    for (uint8_t x : out) ASSERT_EQ(x, 0x7f) << bad.field << ": a refused call wrote its output";
+  }
+  EXPECT_EQ(flashattn_fp8_v_keys_permuted16(nullptr, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+}
+
 }  // namespace
 }  // namespace flashattn::test

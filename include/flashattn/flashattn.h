@@ -407,6 +407,26 @@ FLASHATTN_API flashattn_fp8_quantize_params flashattn_fp8_quantize_params_init(v
 FLASHATTN_API flashattn_status flashattn_fp8_quantize(const flashattn_fp8_quantize_params* params, void* stream);
 FLASHATTN_API flashattn_status flashattn_fp8_dequantize(const flashattn_fp8_quantize_params* params, void* stream);
 
+/* ---- FP8 V into the keys_permuted16 layout -------------------------------------------------------
+ * Copies the E4M3 codes of v [batch, seqlen, nheads, headdim] (rows: any strides >= 0, stride[3] = 1)
+ * into v_out, the same shape in the layout FLASHATTN_FP8_V_KEYS_PERMUTED16 (above): v_out.stride[1] = 1,
+ * v_out.stride[3] = L (a multiple of 16, >= seqlen rounded up to 16), and rows that do not overlap:
+ * v_out.stride[2] >= headdim * L, v_out.stride[0] >= nheads * v_out.stride[2]. Every position of a row
+ * that holds no key (from seqlen up to L) is written 0. v_out must not overlap v. Host tensors
+ * (options.device = -1) or CUDA tensors (asynchronous on `stream`; 16-byte aligned v_out.data). */
+typedef struct flashattn_fp8_v_permute_params {
+  uint32_t struct_size; /* sizeof(flashattn_fp8_v_permute_params) */
+  flashattn_tensor v;     /* input, E4M3 rows */
+  flashattn_tensor v_out; /* output, keys_permuted16 */
+  /* Only device and num_threads are read. */
+  flashattn_options options;
+} flashattn_fp8_v_permute_params;
+
+/* struct_size set, host tensors, v.stride[3] = 1, everything else 0/NULL. */
+FLASHATTN_API flashattn_fp8_v_permute_params flashattn_fp8_v_permute_params_init(void);
+FLASHATTN_API flashattn_status flashattn_fp8_v_keys_permuted16(const flashattn_fp8_v_permute_params* params,
+                                                              void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -200,6 +200,17 @@ class Fp8QuantizeParams(ctypes.Structure):
     ]
 
 
+class Fp8VPermuteParams(ctypes.Structure):
+    """flashattn_fp8_v_permute_params: E4M3 v (rows) into the keys_permuted16 layout."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("v", Tensor),  # E4M3 [batch, seqlen, nheads, headdim], headdim contiguous
+        ("v_out", Tensor),  # the same shape, strides (nheads * headdim * L, 1, headdim * L, L)
+        ("options", Options),
+    ]
+
+
 class DeviceInfo(ctypes.Structure):
     _fields_ = [
         ("device", ctypes.c_int32),
@@ -306,6 +317,11 @@ def _declare(lib):
         for name in ["flashattn_fp8_quantize", "flashattn_fp8_dequantize"]:
             getattr(lib, name).restype = c.c_int
             getattr(lib, name).argtypes = [c.POINTER(Fp8QuantizeParams), c.c_void_p]
+    if hasattr(lib, "flashattn_fp8_v_keys_permuted16"):
+        lib.flashattn_fp8_v_permute_params_init.restype = Fp8VPermuteParams
+        lib.flashattn_fp8_v_permute_params_init.argtypes = []
+        lib.flashattn_fp8_v_keys_permuted16.restype = c.c_int
+        lib.flashattn_fp8_v_keys_permuted16.argtypes = [c.POINTER(Fp8VPermuteParams), c.c_void_p]
     if hasattr(lib, "flashattn_sm90_set_ablation"):
         lib.flashattn_sm90_set_ablation.restype = c.c_int
         lib.flashattn_sm90_set_ablation.argtypes = [c.c_int, c.c_int]
@@ -317,6 +333,8 @@ def _check_abi(lib, path):
         checks.append((lib.flashattn_combine_params_init, CombineParams))
     if hasattr(lib, "flashattn_fp8_quantize_params_init"):
         checks.append((lib.flashattn_fp8_quantize_params_init, Fp8QuantizeParams))
+    if hasattr(lib, "flashattn_fp8_v_permute_params_init"):
+        checks.append((lib.flashattn_fp8_v_permute_params_init, Fp8VPermuteParams))
     for init, struct in checks:
         got = init().struct_size
         if got != ctypes.sizeof(struct):

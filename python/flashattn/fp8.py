@@ -254,14 +254,6 @@ def _round_up16(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def _key_positions(seqlen: int, device=None) -> torch.Tensor:
-    """int64 [seqlen]: where key j sits in its V^T row under fp8_v_layout keys_permuted16 (flashattn.h): within each
-    group of 16 keys, key k = 8 k3 + 4 k2 + 2 k1 + k0 at 8 k2 + 4 k1 + 2 k3 + k0 (the C fp8_v_key_position)."""
-    j = torch.arange(seqlen, dtype=torch.int64, device=device)
-    k = j & 15
-    return (j & ~15) | ((k & 6) << 1) | ((k & 8) >> 2) | (k & 1)
-
-
 def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
     """v (FP8 E4M3, [batch, seqlen_k, nheads_k, headdim]) in the layout of flash_attn_func(..., v_layout=
     "keys_permuted16"): V^T with the keys of each group of 16 permuted.
@@ -269,8 +261,8 @@ def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
     Why: the FP8 tensor cores read P V's V operand with the keys contiguous, so the sm90 FP8 kernel transposes a v
     in rows ([b, s, h, d], d contiguous) tile by tile in shared memory, one of the two limits of its speed (the
     other is the softmax; docs/fp8.md). A v in this layout is loaded as it is, and the attention is the same. The
-    cost is this function, one extra pass over V (torch ops: read v once, write the copy once), paid once per v:
-    worth it when one v serves several calls, or when v's writer can produce this layout itself.
+    cost is this function, one extra pass over V (the C library's flashattn_fp8_v_keys_permuted16: on the GPU a tiled
+    transpose through shared memory, read v once, write the copy once).
 
     The storage is a [batch, nheads_k, headdim, L] buffer (L = row_len, default seqlen_k rounded up to 16): key j
     of (b, h, column c) sits at [b, h, c, 16 (j // 16) + perm(j % 16)], perm(8 k3 + 4 k2 + 2 k1 + k0) = 8 k2 +
@@ -302,13 +294,34 @@ def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
     if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len % 16 or row_len < need:
         raise ValueError(f"flashattn.fp8.keys_permuted16: row_len must be a multiple of 16 >= seqlen_k rounded up to "
                          f"16 = {need}, got {row_len!r}")
-    # Bytes: index_put and zero_ on uint8 run everywhere (torch implements few ops for float8).
-    src = v_fp8.detach().view(torch.uint8).permute(0, 2, 3, 1)  # [b, h, d, s]
-    if _POISON:  # tests: E4M3 NaN codes (as _alloc's NaN), so a position left unwritten shows
+    lib = _lib.load()
+    if not hasattr(lib, "flashattn_fp8_v_keys_permuted16"):
+        raise NotImplementedError(f"flashattn.fp8.keys_permuted16: {_lib.library_path()} has no "
+                                  "flashattn_fp8_v_keys_permuted16 (older build)")
+    src = v_fp8.detach()
+    if src.numel() and src.stride(-1) != 1 and d != 1:
+        src = src.contiguous()
+    if any(st < 0 for st in src.stride()):
+        src = src.contiguous()
+    # The C function writes every position (keyless ones 0): one pass over v (a tiled transpose on the GPU).
+    if _POISON:  # tests: E4M3 NaN codes (as _alloc's NaN), so a position the C function skips shows
         buf = torch.full((b, h, d, row_len), 0x7F, dtype=torch.uint8, device=v_fp8.device)
     else:
         buf = torch.empty((b, h, d, row_len), dtype=torch.uint8, device=v_fp8.device)
-    # Only the last, partial group and the padding up to row_len are left unwritten by the scatter.
-    buf[..., s // 16 * 16:].zero_()
-    buf[..., _key_positions(s, v_fp8.device)] = src
+    p = lib.flashattn_fp8_v_permute_params_init()
+    out_strides = (h * d * row_len, 1, d * row_len, row_len)
+    for view, t, strides in ((p.v, src, src.stride()), (p.v_out, buf, out_strides)):
+        view.data = t.data_ptr() if t.numel() else None
+        for i in range(4):
+            view.shape[i] = v_fp8.shape[i]
+            view.stride[i] = strides[i]
+    p.v.stride[3] = 1  # a size-1 last dim may report any stride
+    stream = None
+    if v_fp8.device.type == "cuda":
+        p.options.device = v_fp8.device.index if v_fp8.device.index is not None else torch.cuda.current_device()
+        stream = torch.cuda.current_stream(v_fp8.device).cuda_stream
+    else:
+        p.options.device = -1
+        p.options.num_threads = torch.get_num_threads()
+    _lib.raise_for_status(lib.flashattn_fp8_v_keys_permuted16(ctypes.byref(p), stream), "fp8_v_keys_permuted16")
     return torch.as_strided(buf.view(torch.float8_e4m3fn), (b, s, h, d), (h * d * row_len, 1, d * row_len, row_len))

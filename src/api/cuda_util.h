@@ -46,11 +46,14 @@ flashattn_status combine(const CombineParams& p, void* stream, bool after_primar
 
 namespace flashattn::cpu {
 struct Fp8QuantizeParams;
+struct Fp8VPermuteParams;
 }
 namespace flashattn::cuda {
 
 // flashattn_fp8_quantize on device tensors (src/api/fp8_quantize_cuda.cu), on `stream`, on the
 // current device: fp16, bf16 or fp32 input (fp64 is refused with NOT_SUPPORTED naming dtype).
 flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream);
+// flashattn_fp8_v_keys_permuted16 on device tensors (src/api/fp8_quantize_cuda.cu), on `stream`.
+flashattn_status fp8_v_keys_permuted16(const cpu::Fp8VPermuteParams& p, void* stream);
 
 }  // namespace flashattn::cuda

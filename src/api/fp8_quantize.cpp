@@ -145,6 +145,77 @@ flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, bool quant
   return run(c);
 }
 
+// flashattn_fp8_v_keys_permuted16's params: every rejected call names the field.
+flashattn_status normalize_v_permute(const flashattn_fp8_v_permute_params* caller, cpu::Fp8VPermuteParams* out,
+                                     int* device_out, int* num_threads) {
+  if (caller == nullptr) return set_error(kInvalid, "params: NULL");
+  if (caller->struct_size != sizeof(flashattn_fp8_v_permute_params))
+    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_fp8_v_permute_params) = %zu "
+                     "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_fp8_v_permute_params));
+  const flashattn_fp8_v_permute_params& p = *caller;
+  flashattn_status st = check_placement_options(p.options);
+  if (st != FLASHATTN_SUCCESS) return st;
+  const int device = p.options.device;
+  const int64_t* shp = p.v.shape;
+  for (int i = 0; i < 4; ++i) {
+    if (shp[i] < 0) return set_error(kInvalid, "v.shape[%d]: %lld (negative)", i, (long long)shp[i]);
+    if (p.v_out.shape[i] != shp[i])
+      return set_error(kInvalid, "v_out.shape[%d]: %lld, expected %lld (v_out has v's shape [batch, seqlen, nheads, "
+                       "headdim])", i, (long long)p.v_out.shape[i], (long long)shp[i]);
+  }
+  if ((st = check_strides("v", p.v.stride)) != FLASHATTN_SUCCESS) return st;
+  const int64_t b = shp[0], s = shp[1], h = shp[2], d = shp[3];
+  const int64_t* os = p.v_out.stride;
+  const int64_t need = (s + 15) / 16 * 16;
+  if (os[1] != 1)
+    return set_error(kInvalid, "v_out.stride[1]: %lld (keys_permuted16: the keys are contiguous, stride 1)",
+                     (long long)os[1]);
+  if (os[3] < need || os[3] % 16 != 0)
+    return set_error(kInvalid, "v_out.stride[3]: %lld (keys_permuted16: the row length L, a multiple of 16 >= "
+                     "seqlen rounded up to 16 = %lld)", (long long)os[3], (long long)need);
+  if (os[2] < d * os[3])
+    return set_error(kInvalid, "v_out.stride[2]: %lld (the head's rows overlap: at least headdim * v_out.stride[3] "
+                     "= %lld)", (long long)os[2], (long long)(d * os[3]));
+  if (os[0] < h * os[2])
+    return set_error(kInvalid, "v_out.stride[0]: %lld (the batch entries overlap: at least nheads * "
+                     "v_out.stride[2] = %lld)", (long long)os[0], (long long)(h * os[2]));
+#if !defined(FLASHATTN_HAS_CUDA)
+  if (device >= 0)
+    return set_error(FLASHATTN_ERROR_NO_DEVICE, "options.device: %d, but this build has no CUDA support", device);
+#endif
+  const bool elems = b * h * d > 0;
+  if (elems && s > 0 && p.v.data == nullptr) return set_error(kInvalid, "v.data: NULL");
+  if (elems && p.v_out.data == nullptr) return set_error(kInvalid, "v_out.data: NULL");
+  if (elems && s > 0 && (st = check_pointer("v.data", p.v.data, 1, device)) != FLASHATTN_SUCCESS) return st;
+  // 16 bytes: the device kernel stores 16 positions at a time (L and the strides are multiples of 16).
+  if (elems && (st = check_pointer("v_out.data", p.v_out.data, device >= 0 ? 16 : 1, device)) != FLASHATTN_SUCCESS)
+    return st;
+  if (elems && s > 0) {  // v_out must not overlap v: compare the byte ranges the two views span
+    const char* v0 = static_cast<const char*>(p.v.data);
+    const char* v1 = v0 + (b - 1) * p.v.stride[0] + (s - 1) * p.v.stride[1] + (h - 1) * p.v.stride[2] + d;
+    const char* o0 = static_cast<const char*>(p.v_out.data);
+    const char* o1 = o0 + (b - 1) * os[0] + (h - 1) * os[2] + (d - 1) * os[3] + os[3];
+    if (o0 < v1 && v0 < o1) return set_error(kInvalid, "v_out.data: overlaps v (the copy needs a buffer of its own)");
+  }
+  cpu::Fp8VPermuteParams& c = *out;
+  c = cpu::Fp8VPermuteParams{};
+  c.batch = b;
+  c.seqlen = s;
+  c.nheads = h;
+  c.headdim = d;
+  c.v = static_cast<const uint8_t*>(p.v.data);
+  c.v_stride[0] = p.v.stride[0];
+  c.v_stride[1] = p.v.stride[1];
+  c.v_stride[2] = p.v.stride[2];
+  c.out = static_cast<uint8_t*>(p.v_out.data);
+  c.out_stride[0] = os[0];
+  c.out_stride[1] = os[2];
+  c.row_len = os[3];
+  *device_out = device;
+  *num_threads = p.options.num_threads;
+  return FLASHATTN_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -167,6 +238,38 @@ flashattn_status flashattn_fp8_quantize(const flashattn_fp8_quantize_params* par
 
 flashattn_status flashattn_fp8_dequantize(const flashattn_fp8_quantize_params* params, void* stream) {
   return run_fp8(params, false, stream, [](const cpu::Fp8QuantizeParams& c) { return cpu::fp8_dequantize(c); });
+}
+
+flashattn_fp8_v_permute_params flashattn_fp8_v_permute_params_init(void) {
+  flashattn_fp8_v_permute_params p;
+  std::memset(&p, 0, sizeof(p));
+  p.struct_size = sizeof(p);
+  p.v.stride[3] = 1;
+  p.options = flashattn_default_options();
+  return p;
+}
+
+flashattn_status flashattn_fp8_v_keys_permuted16(const flashattn_fp8_v_permute_params* params, void* stream) {
+  clear_error();
+  cpu::Fp8VPermuteParams c;
+  int device = -1, num_threads = 0;
+  flashattn_status s = normalize_v_permute(params, &c, &device, &num_threads);
+  if (s != FLASHATTN_SUCCESS || c.batch * c.nheads * c.headdim == 0) return s;
+  if (device >= 0) {
+#if defined(FLASHATTN_HAS_CUDA)
+    int previous = -1;
+    if ((s = cuda::get_device(&previous)) != FLASHATTN_SUCCESS) return s;
+    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
+    s = cuda::fp8_v_keys_permuted16(c, stream);
+    if (previous != device) cuda::set_device(previous);
+    return s;
+#else
+    (void)stream;
+    return set_error(FLASHATTN_ERROR_INTERNAL, "options.device: %d reached the host path", device);
+#endif
+  }
+  ScopedHostThreads threads(num_threads);
+  return cpu::fp8_v_keys_permuted16(c);
 }
 
 }  // extern "C"

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/fp8.h"
+#include "common/fp8_scales.h"
 #include "common/hadamard.h"
 #include "common/half_convert.h"
 #include "common/parallel.h"
@@ -119,6 +121,31 @@ flashattn_status fp8_dequantize(const Fp8QuantizeParams& p) {
       for (int64_t c = 0; c < p.headdim; ++c) store_double(p.x, p.dtype, base + c, sc.row[size_t(c)]);
     }
   });
+}
+
+flashattn_status fp8_v_keys_permuted16(const Fp8VPermuteParams& p) {
+  const int64_t rows = p.batch * p.nheads;
+  if (rows == 0 || p.headdim == 0) return FLASHATTN_SUCCESS;
+  auto body = [&](int64_t bh, int) {
+    const int64_t b = bh / p.nheads, h = bh % p.nheads;
+    const uint8_t* src = p.v + b * p.v_stride[0] + h * p.v_stride[2];
+    uint8_t* dst = p.out + b * p.out_stride[0] + h * p.out_stride[1];
+    const int64_t full = p.seqlen / 16 * 16;  // keyless positions lie in the last, partial group and past it
+    for (int64_t c = 0; c < p.headdim; ++c) std::memset(dst + c * p.row_len + full, 0, size_t(p.row_len - full));
+    for (int64_t s = 0; s < p.seqlen; ++s) {
+      const int64_t pos = fp8_v_key_position(int(s & 15)) + (s & ~int64_t(15));
+      for (int64_t c = 0; c < p.headdim; ++c) dst[c * p.row_len + pos] = src[s * p.v_stride[1] + c];
+    }
+  };
+  std::string err;
+  if (rows * p.seqlen * p.headdim < (int64_t(1) << 16)) {
+    ScopedHostThreads one(1);
+    err = parallel_for(rows, [] { return 0; }, body);
+  } else {
+    err = parallel_for(rows, [] { return 0; }, body);
+  }
+  if (!err.empty()) return set_error(FLASHATTN_ERROR_INTERNAL, "fp8_v_keys_permuted16: %s", err.c_str());
+  return FLASHATTN_SUCCESS;
 }
 
 }  // namespace flashattn::cpu

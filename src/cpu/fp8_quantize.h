@@ -28,9 +28,20 @@ inline int64_t fp8_num_blocks(int64_t seqlen, int64_t block_size) { return (seql
 // least FLT_MIN (so x' / scale stays finite), and 1 when amax is 0 (never 0 or NaN).
 float fp8_scale_from_amax(float amax);
 
+// flashattn_fp8_v_keys_permuted16: v's codes (rows) into the keys_permuted16 layout (flashattn.h).
+struct Fp8VPermuteParams {
+  int64_t batch = 0, seqlen = 0, nheads = 0, headdim = 0;
+  const uint8_t* v = nullptr;  // [batch, seqlen, nheads, headdim], head dim contiguous
+  int64_t v_stride[3] = {0, 0, 0};  // batch, seqlen, head
+  uint8_t* out = nullptr;  // row (b, h, column c) at b * out_stride[0] + h * out_stride[1] + c * row_len
+  int64_t out_stride[2] = {0, 0};  // batch, head
+  int64_t row_len = 0;  // L: a multiple of 16, >= seqlen rounded up to 16
+};
+
 // Run on host_num_threads() threads (options.num_threads through ScopedHostThreads); results do
 // not depend on the thread count.
 flashattn_status fp8_quantize(const Fp8QuantizeParams& p);
 flashattn_status fp8_dequantize(const Fp8QuantizeParams& p);
+flashattn_status fp8_v_keys_permuted16(const Fp8VPermuteParams& p);
 
 }  // namespace flashattn::cpu

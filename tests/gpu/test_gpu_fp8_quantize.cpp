@@ -238,5 +238,55 @@ TEST(GpuFp8Quantize, RefusalsOnDevice) {
   cudaFree(ds);
 }
 
+
+// flashattn_fp8_v_keys_permuted16 on CUDA tensors gives the host's bytes over the whole output
+// buffer (keys placed, keyless positions 0, the output poisoned with NaN codes first): ragged key
+// counts, row lengths past the minimum, head dims 64/128/256 from contiguous v (16-byte loads) and
+// 80 from padded v (byte loads); host memory passed as device memory is refused by name.
+TEST(GpuFp8VPermute, MatchesTheHostBytes) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  std::mt19937 rng(fresh_seed());
+  struct Case { int b, s, h, d, pad, extra; };
+  const Case cases[] = {{2, 1, 3, 64, -1, 0},  {1, 7, 2, 128, -1, 16}, {2, 113, 3, 80, 1, 0},
+                        {1, 799, 4, 256, -1, 48}, {2, 4097, 2, 128, -1, 0}, {1, 200, 5, 128, 2, 32}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("b " + std::to_string(c.b) + " s " + std::to_string(c.s) + " h " + std::to_string(c.h) + " d " +
+                 std::to_string(c.d) + " pad " + std::to_string(c.pad) + " extra " + std::to_string(c.extra));
+    Strided v(c.b, c.s, c.h, c.d, 1, c.pad);
+    for (auto& x : v.bytes) x = uint8_t(rng());
+    const int64_t L = (c.s + 15) / 16 * 16 + c.extra;
+    const size_t out_bytes = size_t(c.b) * c.h * c.d * L;
+    std::vector<uint8_t> host(out_bytes, 0x7F), dev(out_bytes, 0x7F);
+    flashattn_fp8_v_permute_params p = flashattn_fp8_v_permute_params_init();
+    p.v = v.view(v.bytes.data());
+    const int64_t os[4] = {int64_t(c.h) * c.d * L, 1, int64_t(c.d) * L, L};
+    p.v_out = p.v;
+    std::memcpy(p.v_out.stride, os, sizeof(os));
+    p.v_out.data = host.data();
+    ASSERT_EQ(flashattn_fp8_v_keys_permuted16(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    void *dv = nullptr, *dout = nullptr;
+    ASSERT_EQ(cudaMalloc(&dv, v.bytes.size()), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, out_bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv, v.bytes.data(), v.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dout, dev.data(), out_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    p.v.data = dv;
+    p.v_out.data = dout;
+    p.options.device = 0;
+    ASSERT_EQ(flashattn_fp8_v_keys_permuted16(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev.data(), dout, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t first_diff = out_bytes;
+    for (size_t i = 0; i < out_bytes && first_diff == out_bytes; ++i)
+      if (dev[i] != host[i]) first_diff = i;
+    EXPECT_EQ(first_diff, out_bytes) << "device byte " << int(dev[first_diff]) << " vs host " << int(host[first_diff]);
+    p.v.data = v.bytes.data();  // host memory as device memory
+    EXPECT_EQ(flashattn_fp8_v_keys_permuted16(&p, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(flashattn_last_error()).rfind("v.data", 0), 0u) << flashattn_last_error();
+    cudaFree(dv);
+    cudaFree(dout);
+  }
+}
+
 }  // namespace
 }  // namespace flashattn::test
