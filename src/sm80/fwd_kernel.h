@@ -35,10 +35,13 @@ namespace flashattn::sm80 {
 // tile (32 rows) is held to 4 per SM's registers up to hdim 128 (<= 128 each, 188 unbounded, no
 // spills), 2 above (its smem allows 2 there anyway; at 4, hdim 256 spilled 120 bytes). Its
 // prefill tile (64 rows) is left to the compiler.
-// The KV-cache kernel's smem without extra stages: its tile's, plus the paged lookahead's two
-// blocks of page indices.
+// Paged caches: key blocks whose K and V row offsets wait in smem (fwd_kernel's s_row_off): two for
+// a single-stage kernel, one per stage for the staged decode tile.
+constexpr int kKvPageSlots = 3;
+// The KV-cache kernel's smem without extra stages: its tile's, plus the paged lookahead's row
+// offsets (int64 elements, K's and V's, kKvPageSlots key blocks).
 template <typename Kt>
-constexpr int kv_smem_size() { return Kt::kSmemSize + 2 * Kt::kBlockN * int(sizeof(int)); }
+constexpr int kv_smem_size() { return Kt::kSmemSize + kKvPageSlots * 2 * Kt::kBlockN * int(sizeof(int64_t)); }
 // With kKvStages: stage s >= 1 (K then V tile) at element offset kv_stage_offset<Kt>(s) from the
 // smem start, past the rest, on a 1 KB boundary (the swizzle's period).
 template <typename Kt>
@@ -145,48 +148,58 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
     lse_ptr = split.lse_partial + split.lse_index(split_idx, b, h, q0);
     lse_head_stride = split.seqlen_q;
   }
-  // kPageLookahead (paged caches, prefill tile): the pages of key block n's rows wait in smem
-  // (s_pages, buffer n & 1), looked up one block ahead: a block-table read right before each row's
+  // kPageLookahead (paged caches): the K and V row offsets of a key block's rows wait in smem
+  // (s_row_off, one slot per block: block n & 1, or the staged kernel's stage of the block), looked
+  // up by a thread per row ahead of the block's gathers. A block-table read right before each row's
   // cp.async put a dependent load's latency in front of every K/V tile (paged prefill ran 24-28%
-  // slower than contiguous). A kernel of its own: as a runtime branch in the contiguous kernel it
-  // cost that kernel 20% (prefill, H100). Not in the decode tile: its 4 CTAs per SM hide that
-  // latency, and the lookahead's registers made it spill under its 128-register cap.
+  // slower than contiguous), and the page arithmetic per gathered row (~30 instructions) made the
+  // staged decode tile miss its instruction cache (s20). A kernel of its own: as a runtime branch
+  // in the contiguous kernel it cost that kernel 20% (prefill, H100).
   static_assert(!kPageLookahead || kKvCache);
-  int* s_pages = kPageLookahead ? reinterpret_cast<int*>(smem_ + Kt::kSmemSize) : nullptr;  // [2][kBlockN]
+  static_assert(Kt::kSmemSize % 8 == 0 && kKvStages <= kKvPageSlots);
+  int64_t* s_row_off = kPageLookahead ? reinterpret_cast<int64_t*>(smem_ + Kt::kSmemSize) : nullptr;  // [slot][K, V][kBlockN]
   constexpr bool kStaged = kKvStages > 1;
-  static_assert(!kStaged || (kKvCache && !kPageLookahead && Kt::kWarpsN > 1));
+  static_assert(!kStaged || (kKvCache && Kt::kWarpsN > 1));
   static_assert(!kKvCache || Kt::kNThreads >= kBlockN, "a thread per row of a key block");
   auto page_of_key = [&](int j) {  // thread tidx's row of key block n (its block-table entry; -1: no row)
     return j < sb.seqlen_k ? p.kv.page(b, sb.k_row0 + j) : -1;
   };
-  // Key/value row j of this sequence (KV cache: through the cache's addressing; a fused append's
-  // new rows, from key j_new on, from k_new/v_new).
+  // Row j's offsets (from page, its page_of_key) into slot `slot`, by the thread of row j % kBlockN.
+  auto store_row_offsets = [&](int slot, int j, int page) {
+    if (page >= 0) {
+      const int64_t row = p.kv.row_in_page(sb.k_row0 + j);
+      s_row_off[(2 * slot) * kBlockN + j % kBlockN] = int64_t(page) * p.k_stride.batch + row * p.k_stride.row;
+      s_row_off[(2 * slot + 1) * kBlockN + j % kBlockN] = int64_t(page) * p.v_stride.batch + row * p.v_stride.row;
+    }
+  };
+  // Key/value row j of this sequence (KV cache: through the cache's addressing, or paged with the
+  // lookahead from its block's offsets in `slot`; a fused append's new rows, from key j_new on,
+  // from k_new/v_new).
   const int j_new = fused_append ? sb.seqlen_k - p.kv.seqlen_new : INT_MAX;
-  auto cache_row = [&](const void* base, const RowStrides& st, int j) {
+  auto cache_row = [&](const void* base, const RowStrides& st, int which, int slot, int j) {
     if constexpr (kPageLookahead) {
-      const int page = s_pages[(j / kBlockN) % 2 * kBlockN + j % kBlockN];
-      return static_cast<const Element*>(base) + int64_t(page) * st.batch +
-             int64_t(p.kv.row_in_page(sb.k_row0 + j)) * st.row + int64_t(hk) * st.head;
+      return static_cast<const Element*>(base) + s_row_off[(2 * slot + which) * kBlockN + j % kBlockN] +
+             int64_t(hk) * st.head;
     } else {
       return static_cast<const Element*>(base) + key_offset(st, p.kv, b, sb, j, hk);
     }
   };
-  auto k_row = [&](int j) {
+  auto k_row = [&](int j, int slot) {
     if (j >= j_new)
       return static_cast<const Element*>(p.kv.k_new) + b * p.kv.k_new_batch + (j - j_new) * p.kv.k_new_row +
              hk * p.kv.k_new_head;
-    return cache_row(p.k, p.k_stride, j);
+    return cache_row(p.k, p.k_stride, 0, slot, j);
   };
-  auto v_row = [&](int j) {
+  auto v_row = [&](int j, int slot) {
     if (j >= j_new)
       return static_cast<const Element*>(p.kv.v_new) + b * p.kv.v_new_batch + (j - j_new) * p.kv.v_new_row +
              hk * p.kv.v_new_head;
-    return cache_row(p.v, p.v_stride, j);
+    return cache_row(p.v, p.v_stride, 1, slot, j);
   };
   // Contiguous caches: a key block wholly below the appended rows and the sequence's end has
   // equally spaced rows, copied from one base pointer (a per-row gather costs ~30 instructions a
   // row; the decode tile's instruction cache misses showed it, ncu).
-  const bool kv_strided = kStaged && !p.kv.paged();  // staged kernels only: elsewhere it cost a spill (s19)
+  const bool kv_strided = kStaged && !kPageLookahead && !p.kv.paged();  // staged kernels only: elsewhere it cost a spill (s19)
   const int strided_end = kKvCache ? min(j_new, sb.seqlen_k) : 0;  // blocks ending at or before it qualify
   auto block_is_strided = [&](int n) { return kv_strided && (n + 1) * kBlockN <= strided_end; };
   // The output rows, scaled: Element rows of out, or the split's fp32 partial rows.
@@ -310,6 +323,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   }
   // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided (from src0, the
   // thread's block-0 source, rows `stride` apart), else gathered row by row (row(j): key j's address).
+  // (slot: the paged lookahead's slot of block n.)
   auto load_block = [&](int n, auto& dst, int valid_rows, const auto& src0, int64_t stride, const auto& row) {
     if (block_is_strided(n)) {
       Tensor src = make_tensor(src0.data() + int64_t(n) * kBlockN * stride, src0.layout());
@@ -318,35 +332,44 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       gather_rows(gmem_tiled_copy, row, n * kBlockN, dst, tKVcKV, valid_rows, d);
     }
   };
-  auto load_k_block = [&](int n, auto& dst, int valid_rows) { load_block(n, dst, valid_rows, tKgKc, ks, k_row); };
-  auto load_v_block = [&](int n, auto& dst, int valid_rows) { load_block(n, dst, valid_rows, tVgVc, vs, v_row); };
+  auto load_k_block = [&](int n, auto& dst, int valid_rows, int slot) {
+    load_block(n, dst, valid_rows, tKgKc, ks, [&](int j) { return k_row(j, slot); });
+  };
+  auto load_v_block = [&](int n, auto& dst, int valid_rows, int slot) {
+    load_block(n, dst, valid_rows, tVgVc, vs, [&](int j) { return v_row(j, slot); });
+  };
   // Staged: stage s's K and V tiles, element offsets from sK and sV (stage 0 is sK/sV themselves).
   auto stage_k = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) - int(size(sQ)); };
   auto stage_v = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) + int(size(sK)) - int(size(sQ) + size(sK)); };
   // Staged: K and V of key block n into stage s, one cp.async group (empty past the split's blocks,
-  // so that the group count stays one per block).
+  // so that the group count stays one per block). Paged: block n's row offsets are in slot s.
   auto load_block_staged = [&](int n, int s) {
     if (n >= n_begin) {
       Tensor dK = make_tensor(tKsK.data() + stage_k(s), tKsK.layout());
       Tensor dV = make_tensor(tVsV.data() + stage_v(s), tVsV.layout());
-      load_k_block(n, dK, sb.seqlen_k - n * kBlockN);
-      load_v_block(n, dV, sb.seqlen_k - n * kBlockN);
+      load_k_block(n, dK, sb.seqlen_k - n * kBlockN, s);
+      load_v_block(n, dV, sb.seqlen_k - n * kBlockN, s);
     }
     cute::cp_async_fence();
   };
   if constexpr (kStaged) {
+    if constexpr (kPageLookahead) {  // the offsets of the first kKvStages blocks (the loop's first
+      int pages[kKvStages];          // iteration issues the last of them), one slot per stage
+#pragma unroll
+      for (int s = 0; s < kKvStages; ++s)
+        pages[s] = tidx < kBlockN && n_last - s >= n_begin ? page_of_key((n_last - s) * kBlockN + tidx) : -1;
+#pragma unroll
+      for (int s = 0; s < kKvStages; ++s) store_row_offsets(s, (n_last - s) * kBlockN + tidx, pages[s]);
+      __syncthreads();
+    }
 #pragma unroll 1
     for (int s = 0; s < kKvStages - 1; ++s) load_block_staged(n_last - s, s);
   } else if constexpr (kKvCache) {
     if constexpr (kPageLookahead) {
-      if (tidx < kBlockN) s_pages[n_last % 2 * kBlockN + tidx] = page_of_key(n_last * kBlockN + tidx);
+      if (tidx < kBlockN) store_row_offsets(n_last & 1, n_last * kBlockN + tidx, page_of_key(n_last * kBlockN + tidx));
       __syncthreads();
     }
-    if constexpr (kPageLookahead) {
-      gather_rows(gmem_tiled_copy, k_row, n_last * kBlockN, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
-    } else {
-      load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN);
-    }
+    load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN, n_last & 1);
   } else {
     copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   }
@@ -383,18 +406,22 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         cute::cp_async_wait<kKvStages - 2>();
         __syncthreads();  // K[n] and V[n] landed; every warp is done with block n + 1's stage
         load_block_staged(n_block - (kKvStages - 1), (n_last - n_block + kKvStages - 1) % kKvStages);
+        // Paged: the pages of the block the next iteration issues (stored to this block's slot
+        // after the S GEMM).
+        if constexpr (kPageLookahead) {
+          if (tidx < kBlockN && n_block - kKvStages >= n_begin)
+            next_page = page_of_key((n_block - kKvStages) * kBlockN + tidx);
+        }
       } else {
         cute::cp_async_wait<0>();
         __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-        // Paged: block n-1's pages, read now and stored to smem after the S GEMM (buffer (n-1) & 1,
+        // Paged: block n-1's pages, read now and stored to smem after the S GEMM (slot (n-1) & 1,
         // last read by the gathers of block n+1, before this barrier).
         if constexpr (kPageLookahead) {
           if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
         }
-        if constexpr (kPageLookahead) {
-          gather_rows(gmem_tiled_copy, v_row, n0, tVsV, tKVcKV, sb.seqlen_k - n0, d);
-        } else if constexpr (kKvCache) {
-          load_v_block(n_block, tVsV, sb.seqlen_k - n0);
+        if constexpr (kKvCache) {
+          load_v_block(n_block, tVsV, sb.seqlen_k - n0, n_block & 1);
         } else if (n_block == n_last) {  // the only block that can end past the sequence
           copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
         } else {
@@ -447,8 +474,14 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         }
       }
 
-      if constexpr (kPageLookahead) {
-        if (tidx < kBlockN && n_block > n_begin) s_pages[(n_block - 1) % 2 * kBlockN + tidx] = next_page;
+      if constexpr (kPageLookahead) {  // (next_page is -1 where there is no such block)
+        if (tidx < kBlockN) {
+          if constexpr (kStaged) {  // block n - kKvStages: this block's stage, whose loads have landed
+            store_row_offsets(stage, (n_block - kKvStages) * kBlockN + tidx, next_page);
+          } else {
+            store_row_offsets((n_block - 1) & 1, n0 - kBlockN + tidx, next_page);
+          }
+        }
       }
       if constexpr (kStaged) {
         __syncthreads();  // the row maxima are in smem
@@ -456,10 +489,8 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       cute::cp_async_wait<0>();
       __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
       if (n_block > n_begin) {  // K[n - 1]: a whole block
-        if constexpr (kPageLookahead) {
-          gather_rows(gmem_tiled_copy, k_row, n0 - kBlockN, tKsK, tKVcKV, kBlockN, d);
-        } else if constexpr (kKvCache) {
-          load_k_block(n_block - 1, tKsK, kBlockN);
+        if constexpr (kKvCache) {
+          load_k_block(n_block - 1, tKsK, kBlockN, (n_block - 1) & 1);
         } else {
           tKgK.data() = tKgK.data() + (-kBlockN * ks);
           copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);

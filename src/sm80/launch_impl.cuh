@@ -137,9 +137,9 @@ flashattn_status run_fwd(const FwdParams& p, cudaStream_t stream) {
 // warps per row so each warp reads half of every K/V tile from smem. Prefill-sized calls use
 // KvPrefillTraits (kv_prefill_tile). Columns predicated (any head dim up to the kernel's):
 // one kernel per (tile, dtype, head dim).
-// Paged caches on the prefill tile take the kernel that looks their pages up a key block ahead.
+// Paged caches take the kernel that looks their rows' offsets up a key block ahead (every tile).
 template <typename Kt>
-constexpr bool kv_page_lookahead() { return Kt::kBlockM > kKvBlockM; }
+constexpr bool kv_page_lookahead() { return true; }
 
 template <typename E, int D>
 using KvFwdTraits = FwdTraits<E, D, kKvBlockM, kKvBlockN, 4, /*kWarpsN=*/2>;
@@ -209,8 +209,10 @@ inline bool kv_decode16(const FwdParams& p) {
 // Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages
 // (fwd_kernel's kKvStages) for tile Kt and p: K and V of two key blocks in flight on the 16-row
 // decode tile over a contiguous cache (+1-3 points of copy bandwidth on the batch-1 67 MB rows,
-// 2 CTAs per SM); one otherwise. Paged caches gather their rows, and with stages the gathers'
-// code made the paged rows 14-23 points slower (perf-notes, twentieth session).
+// 2 CTAs per SM); one otherwise. Paged caches keep one stage: with per-row page lookups the
+// gathers' code made the staged paged rows 14-23 points slower (s20), and with the row offsets
+// looked up ahead (fwd_kernel's kPageLookahead) staging still cost the batch-1 rows 6-13 points
+// (its smem halves the CTAs per SM, so the split heuristic picks fewer splits; s22, H200).
 template <typename Kt, typename Fn>
 flashattn_status with_kv_stages(const FwdParams& p, Fn&& fn) {
   if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {
