@@ -182,8 +182,9 @@ const char* fp8_unsupported(const FwdParams& p) {
       std::snprintf(msg, sizeof(msg), "headdim %d: sm90 FP8 needs a multiple of 16 (16-byte rows for TMA; pad the "
                     "head dim)", p.shape.headdim);
     else
-      std::snprintf(msg, sizeof(msg), "headdim %d: no sm90 FP8 kernel for it (FP8 head dims: up to 256; the "
-                    "reference backend runs any on host tensors)", p.shape.headdim);
+      std::snprintf(msg, sizeof(msg), "headdim %d: no sm90 FP8 kernel for it in this build (FP8 kernels: 64, 128, "
+                    "256 where compiled; compiled: %s; the reference backend runs any on host tensors)",
+                    p.shape.headdim, FLASHATTN_SM90_HEADDIMS_STR);
     return msg;
   }
   constexpr int kRowsPerQScale = 64, kKeysPerKScale = 128;

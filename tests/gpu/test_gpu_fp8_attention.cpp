@@ -103,6 +103,12 @@ void expect_within_fp8_bound(const Fp8Problem& P, const Expected& e) {
   EXPECT_EQ(bad_lse, 0u);
 }
 
+// A head dim this build did not compile (-DFLASHATTN_HEADDIMS): the case skips, naming it.
+bool skip_uncompiled(flashattn_status st) {
+  return st == FLASHATTN_ERROR_NOT_SUPPORTED &&
+         std::string(flashattn_last_error()).find("no sm90 FP8 kernel for it in this build") != std::string::npos;
+}
+
 class GpuFp8Attention : public ::testing::TestWithParam<Fp8Case> {};
 
 TEST_P(GpuFp8Attention, WithinE4M3BoundOfTheDequantizedAttention) {
@@ -110,7 +116,9 @@ TEST_P(GpuFp8Attention, WithinE4M3BoundOfTheDequantizedAttention) {
   if (!have_sm90(&why)) GTEST_SKIP() << why;
   const uint64_t seed = fresh_seed();
   Fp8Problem P(GetParam(), seed);
-  ASSERT_EQ(run_on_gpu(P), FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
+  const flashattn_status st = run_on_gpu(P);
+  if (skip_uncompiled(st)) GTEST_SKIP() << flashattn_last_error();
+  ASSERT_EQ(st, FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
   expect_within_fp8_bound(P, attention_of_dequantized(P));
 }
 
@@ -195,7 +203,9 @@ TEST_P(GpuFp8AttentionVt, KeysPermutedVWithinE4M3Bound) {
   const uint64_t seed = fresh_seed();
   Fp8Problem P(GetParam(), seed);
   const int row_len = (P.c.sk + 15) / 16 * 16 + (P.c.sk % 2 ? 48 : 0);
-  ASSERT_EQ(run_on_gpu(P, FLASHATTN_BACKEND_SM90, row_len), FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
+  const flashattn_status st = run_on_gpu(P, FLASHATTN_BACKEND_SM90, row_len);
+  if (skip_uncompiled(st)) GTEST_SKIP() << flashattn_last_error();
+  ASSERT_EQ(st, FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
   expect_within_fp8_bound(P, attention_of_dequantized(P));
 }
 
