@@ -344,6 +344,19 @@ def _check_abi(lib, path):
             )
 
 
+def place(options, t):
+    """Sets options.device (and num_threads for host tensors) from tensor t; returns the stream to pass: t's
+    device's current CUDA stream, or None for host tensors."""
+    import torch  # this module loads the library without torch; its callers have torch already
+
+    if t.device.type == "cuda":
+        options.device = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        return torch.cuda.current_stream(t.device).cuda_stream
+    options.device = -1
+    options.num_threads = torch.get_num_threads()
+    return None
+
+
 def last_error():
     return (load().flashattn_last_error() or b"").decode(errors="replace")
 

@@ -126,13 +126,7 @@ def combine(outs: _Stack, lses: _Stack) -> Tuple[torch.Tensor, torch.Tensor]:
         p.out.shape[i] = out.shape[i]
         p.out.stride[i] = out.stride(i)
     p.out.data = out.data_ptr() if out.numel() else None
-    stream = None
-    if o.device.type == "cuda":
-        p.options.device = o.device.index if o.device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(o.device).cuda_stream
-    else:
-        p.options.device = -1
-        p.options.num_threads = torch.get_num_threads()
+    stream = _lib.place(p.options, o)
     status = lib.flashattn_combine(ctypes.byref(p), stream)
     _lib.raise_for_status(status, "combine")
     return out, lse_out

@@ -98,13 +98,7 @@ def _run(fn_name: str, x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tenso
     p.block_size = block_size
     p.hadamard = int(bool(hadamard))
     p.hadamard_seed = seed
-    stream = None
-    if x.device.type == "cuda":
-        p.options.device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-    else:
-        p.options.device = -1
-        p.options.num_threads = torch.get_num_threads()
+    stream = _lib.place(p.options, x)
     _lib.raise_for_status(getattr(lib, fn_name)(ctypes.byref(p), stream), fn_name[len("flashattn_"):])
 
 
@@ -316,12 +310,6 @@ def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
             view.shape[i] = v_fp8.shape[i]
             view.stride[i] = strides[i]
     p.v.stride[3] = 1  # a size-1 last dim may report any stride
-    stream = None
-    if v_fp8.device.type == "cuda":
-        p.options.device = v_fp8.device.index if v_fp8.device.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(v_fp8.device).cuda_stream
-    else:
-        p.options.device = -1
-        p.options.num_threads = torch.get_num_threads()
+    stream = _lib.place(p.options, v_fp8)
     _lib.raise_for_status(lib.flashattn_fp8_v_keys_permuted16(ctypes.byref(p), stream), "fp8_v_keys_permuted16")
     return torch.as_strided(buf.view(torch.float8_e4m3fn), (b, s, h, d), (h * d * row_len, 1, d * row_len, row_len))

@@ -42,6 +42,17 @@ flashattn_status check_strides(const char* name, const int64_t (&stride)[4]) {
   return FLASHATTN_SUCCESS;
 }
 
+// The device entry points (never reached without CUDA: run_placed refuses first).
+#if defined(FLASHATTN_HAS_CUDA)
+flashattn_status device_fp8_quantize(const cpu::Fp8QuantizeParams& c, void* stream) { return cuda::fp8_quantize(c, stream); }
+flashattn_status device_v_keys_permuted16(const cpu::Fp8VPermuteParams& c, void* stream) {
+  return cuda::fp8_v_keys_permuted16(c, stream);
+}
+#else
+flashattn_status device_fp8_quantize(const cpu::Fp8QuantizeParams&, void*) { return FLASHATTN_ERROR_INTERNAL; }
+flashattn_status device_v_keys_permuted16(const cpu::Fp8VPermuteParams&, void*) { return FLASHATTN_ERROR_INTERNAL; }
+#endif
+
 // Both directions take the same fields (x_fp8 and scales are outputs of one, inputs of the other).
 flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool quantize, cpu::Fp8QuantizeParams* out,
                                int* device_out, int* num_threads, bool* nothing_to_do) {
@@ -120,6 +131,27 @@ flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool
   return FLASHATTN_SUCCESS;
 }
 
+// Runs on_device() with `device` current (CUDA tensors), else on_host() on num_threads host threads.
+template <typename OnDevice, typename OnHost>
+flashattn_status run_placed(int device, int num_threads, OnDevice&& on_device, OnHost&& on_host) {
+  if (device >= 0) {
+#if defined(FLASHATTN_HAS_CUDA)
+    int previous = -1;
+    flashattn_status s = cuda::get_device(&previous);
+    if (s != FLASHATTN_SUCCESS) return s;
+    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
+    s = on_device();
+    if (previous != device) cuda::set_device(previous);
+    return s;
+#else
+    (void)on_device;
+    return set_error(FLASHATTN_ERROR_INTERNAL, "options.device: %d reached the host path", device);
+#endif
+  }
+  ScopedHostThreads threads(num_threads);
+  return on_host();
+}
+
 template <typename Run>
 flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, bool quantize, void* stream, Run&& run) {
   clear_error();
@@ -128,21 +160,8 @@ flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, bool quant
   bool nothing_to_do = false;
   flashattn_status s = normalize_fp8(params, quantize, &c, &device, &num_threads, &nothing_to_do);
   if (s != FLASHATTN_SUCCESS || nothing_to_do) return s;
-  if (device >= 0) {  // quantize only: normalize_fp8 refused the rest
-#if defined(FLASHATTN_HAS_CUDA)
-    int previous = -1;
-    if ((s = cuda::get_device(&previous)) != FLASHATTN_SUCCESS) return s;
-    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
-    s = cuda::fp8_quantize(c, stream);
-    if (previous != device) cuda::set_device(previous);
-    return s;
-#else
-    (void)stream;
-    return set_error(FLASHATTN_ERROR_INTERNAL, "options.device: %d reached the host path", device);
-#endif
-  }
-  ScopedHostThreads threads(num_threads);
-  return run(c);
+  // On a device: quantize only (normalize_fp8 refused the rest).
+  return run_placed(device, num_threads, [&] { return device_fp8_quantize(c, stream); }, [&] { return run(c); });
 }
 
 // flashattn_fp8_v_keys_permuted16's params: every rejected call names the field.
@@ -255,21 +274,8 @@ flashattn_status flashattn_fp8_v_keys_permuted16(const flashattn_fp8_v_permute_p
   int device = -1, num_threads = 0;
   flashattn_status s = normalize_v_permute(params, &c, &device, &num_threads);
   if (s != FLASHATTN_SUCCESS || c.batch * c.nheads * c.headdim == 0) return s;
-  if (device >= 0) {
-#if defined(FLASHATTN_HAS_CUDA)
-    int previous = -1;
-    if ((s = cuda::get_device(&previous)) != FLASHATTN_SUCCESS) return s;
-    if (previous != device && (s = cuda::set_device(device)) != FLASHATTN_SUCCESS) return s;
-    s = cuda::fp8_v_keys_permuted16(c, stream);
-    if (previous != device) cuda::set_device(previous);
-    return s;
-#else
-    (void)stream;
-    return set_error(FLASHATTN_ERROR_INTERNAL, "options.device: %d reached the host path", device);
-#endif
-  }
-  ScopedHostThreads threads(num_threads);
-  return cpu::fp8_v_keys_permuted16(c);
+  return run_placed(device, num_threads, [&] { return device_v_keys_permuted16(c, stream); },
+                    [&] { return cpu::fp8_v_keys_permuted16(c); });
 }
 
 }  // extern "C"
