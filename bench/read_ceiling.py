@@ -105,6 +105,9 @@ def main(argv=None):
     p.add_argument("--target-ms", type=float, default=200.0)
     p.add_argument("--warmup-ms", type=float, default=50.0)
     p.add_argument("--no-graph", action="store_true")
+    p.add_argument("--splits", default="57,114",
+                   help="split counts of the decode split pattern (8 heads) to time beside the plain reads")
+    p.add_argument("--split-only", action="store_true", help="only the split patterns (no plain or torch reads)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -123,19 +126,22 @@ def main(argv=None):
         nbytes = int(mb * 1e6) // 4096 * 4096
         layers = max(1, min(a.layers, int(6e9 // nbytes)))
         bufs = [torch.randn(nbytes // 2, dtype=torch.bfloat16, device=dev) for _ in range(layers)]
-        variants = {f"read k{c} u{u}": (lambda c=c, u=u: [lambda x=x: ext.read_all(x, sink, c, u) for x in bufs])
-                    for c in (2, 4) for u in (4, 8)}
+        variants = {} if a.split_only else {
+            f"read k{c} u{u}": (lambda c=c, u=u: [lambda x=x: ext.read_all(x, sink, c, u) for x in bufs])
+            for c in (2, 4) for u in (4, 8)}
         # A decode split's pattern over [keys, 8 heads, 128] bf16 (GQA 32/8 at batch 1): a CTA per
         # (split, head), 256-byte rows 2 KB apart; and the same key ranges read whole (heads=1).
-        for heads, splits in ((8, 57), (8, 114), (1, 57), (1, 456)):
+        shapes = [(8, int(n)) for n in a.splits.split(",")] + ([] if a.split_only else [(1, 57), (1, 456)])
+        for heads, splits in shapes:
             for u in (8, 16):
                 variants[f"split h{heads} s{splits} u{u}"] = (
                     lambda heads=heads, splits=splits, u=u: [
                         lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u) for x in bufs])
-        variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
-        variants["torch copy (half read, half written)"] = lambda: [
-            lambda x=x, y=torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev): y.copy_(x[: nbytes // 4])
-            for x in bufs]
+        if not a.split_only:
+            variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
+            variants["torch copy (half read, half written)"] = lambda: [
+                lambda x=x, y=torch.empty(nbytes // 4, dtype=torch.bfloat16, device=dev): y.copy_(x[: nbytes // 4])
+                for x in bufs]
         for vname, make in variants.items():
             ms = graph_time_ms(make(), a, dev)
             if ms is None:
