@@ -23,6 +23,8 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 
@@ -218,8 +220,10 @@ __global__ void __launch_bounds__(kVecThreads) fp8_quantize_vec_kernel(const Fp8
 }
 
 // A whole scale block in registers (16-bit inputs whose rows are contiguous and 16-byte aligned,
-// headdim a multiple of 8 up to 256, at most kRegMaxRows rows per thread): one CTA per (batch, head,
-// scale block); thread t holds chunk t % cpr (8 values) of rows t / cpr + i * (256 / cpr), raw, so
+// headdim a multiple of 8 up to 256, at most kRegMaxRows rows per thread): a persistent grid whose
+// CTAs take (batch, head, scale block) items in turn, the next item's raw chunks prefetched into
+// shared memory while the current one is computed (+15-40% with the transform, +0-15% without,
+// H200, perf-notes s23); thread t holds chunk t % cpr (8 values) of rows t / cpr + i * (256 / cpr), raw, so
 // the block is read from DRAM once (fp8_quantize_vec_kernel's second pass re-reads it from L2),
 // with 32-bit index math (the vec kernel divides 64-bit integers per 8 values). With the
 // transform, the butterflies of distance < 8 run inside a thread's chunk and the others between
@@ -332,22 +336,51 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
     for (int e = 0; e < 8; ++e) negate |= uint32_t(hadamard_sign(p.hadamard_seed, chunk * 8 + e) < 0) << e;
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
   const int64_t items = p.batch * p.nheads * a.nblocks;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t blk = item % a.nblocks, bh = item / a.nblocks;
-    const int64_t b = bh / p.nheads, h = bh % p.nheads;
-    const int64_t s0 = blk * p.block_size;
-    const int nrows = int((s0 + p.block_size < p.seqlen ? s0 + p.block_size : p.seqlen) - s0);
-    const int slots = (nrows + rows_per_pass - 1) / rows_per_pass;  // <= kSlots (reg_slots)
-    const uint16_t* src = x + b * p.x_stride[0] + h * p.x_stride[2] + (s0 + r0) * p.x_stride[1] + chunk * 8;
-    const int64_t slot_stride = int64_t(rows_per_pass) * p.x_stride[1];
-    auto valid = [&](int i) { return active && r0 + i * rows_per_pass < nrows; };
-
-    uint4 raw[kSlots];
+  // The grid is persistent (at most the resident CTAs): the next item's raw values are copied
+  // into shared memory (cp.async) while this one is computed, so a CTA's loads, math and stores
+  // overlap instead of each item paying a DRAM round trip with the SM's other work in the same
+  // phase. Each thread copies only the 16-byte chunks it reads itself: [slot][thread], no barrier.
+  extern __shared__ uint4 prefetched[];  // [kSlots][kRegThreads]
+  struct Item {
+    int64_t b, h, s0, bh, blk;
+    int nrows, slots;
+  };
+  auto item_at = [&](int64_t item) {
+    Item it;
+    it.blk = item % a.nblocks;
+    it.bh = item / a.nblocks;
+    it.b = it.bh / p.nheads;
+    it.h = it.bh % p.nheads;
+    it.s0 = it.blk * p.block_size;
+    it.nrows = int((it.s0 + p.block_size < p.seqlen ? it.s0 + p.block_size : p.seqlen) - it.s0);
+    it.slots = (it.nrows + rows_per_pass - 1) / rows_per_pass;  // <= kSlots (reg_slots)
+    return it;
+  };
+  const int64_t slot_stride = int64_t(rows_per_pass) * p.x_stride[1];
+  auto prefetch = [&](const Item& it) {  // one commit group per item
+    const uint16_t* src = x + it.b * p.x_stride[0] + it.h * p.x_stride[2] + (it.s0 + r0) * p.x_stride[1] + chunk * 8;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-      raw[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (i < slots && valid(i)) raw[i] = __ldg(reinterpret_cast<const uint4*>(src + i * slot_stride));
+      const bool ok = active && i < it.slots && r0 + i * rows_per_pass < it.nrows;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&prefetched[i * kRegThreads + threadIdx.x]));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(ok ? src + i * slot_stride : x),
+                   "r"(ok ? 16 : 0)
+                   : "memory");
     }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  if (int64_t(blockIdx.x) < items) prefetch(item_at(blockIdx.x));
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const Item it = item_at(item);
+    const int64_t b = it.b, h = it.h, s0 = it.s0, bh = it.bh, blk = it.blk;
+    const int nrows = it.nrows, slots = it.slots;
+    auto valid = [&](int i) { return active && r0 + i * rows_per_pass < nrows; };
+
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    uint4 raw[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) raw[i] = prefetched[i * kRegThreads + threadIdx.x];  // zeros where invalid
+    if (item + gridDim.x < items) prefetch(item_at(item + gridDim.x));
     // The values the host quantizes, of slot i (every lane of a warp calls it for the same i:
     // the transform's shuffles).
     auto values = [&](int i, float (&v)[8]) {
@@ -366,12 +399,11 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
               v[e + hs] = __fsub_rn(x0, x1);
             }
         for (int m = 1; m < cpr; m *= 2) {  // distance 8 m: the partner chunk is lane ^ m
-          const bool upper = chunk & m;     // holds x1 of the pair: x0 - x1 = partner - own
+          // This chunk holds x1 of the pair where chunk & m (x0 - x1 = partner - own): one FMA by +-1
+          // gives RN(own + partner) or RN(partner - own), the bits of the add / subtract.
+          const float sign = chunk & m ? -1.f : 1.f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
-            v[e] = upper ? __fsub_rn(o, v[e]) : __fadd_rn(v[e], o);
-          }
+          for (int e = 0; e < 8; ++e) v[e] = __fmaf_rn(v[e], sign, __shfl_xor_sync(0xffffffffu, v[e], m));
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], a.inv_sqrt_n);
@@ -433,19 +465,45 @@ int reg_slots(const cpu::Fp8QuantizeParams& p) {
   return slots > kRegMaxRows ? 0 : slots <= 8 ? 8 : kRegMaxRows;
 }
 
-template <int kSlots, bool kHadamard>
-void launch_reg_kernel(bool bf16, unsigned grid, const Fp8Args& a, cudaStream_t stream) {
-  if (bf16) fp8_quantize_reg_kernel<kSlots, kHadamard, true><<<grid, kRegThreads, 0, stream>>>(a);
-  else fp8_quantize_reg_kernel<kSlots, kHadamard, false><<<grid, kRegThreads, 0, stream>>>(a);
-}
-void launch_reg_kernel(int slots, bool hadamard, bool bf16, unsigned grid, const Fp8Args& a, cudaStream_t stream) {
-  if (slots == 8) {
-    if (hadamard) launch_reg_kernel<8, true>(bf16, grid, a, stream);
-    else launch_reg_kernel<8, false>(bf16, grid, a, stream);
-  } else {
-    if (hadamard) launch_reg_kernel<kRegMaxRows, true>(bf16, grid, a, stream);
-    else launch_reg_kernel<kRegMaxRows, false>(bf16, grid, a, stream);
+// The register kernel's instantiation for (slots, transform, dtype), launched on a persistent grid
+// (its resident CTAs, from an occupancy query made once per device and instantiation) of at most
+// `items` CTAs, with its prefetch buffer as dynamic shared memory.
+template <int kSlots, bool kHadamard, bool kBf16>
+cudaError_t launch_reg_kernel(int64_t items, const Fp8Args& a, cudaStream_t stream) {
+  auto kernel = fp8_quantize_reg_kernel<kSlots, kHadamard, kBf16>;
+  constexpr int kSmem = kSlots * kRegThreads * int(sizeof(uint4));
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> resident[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int ctas = dev < kMaxDevices ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (ctas == 0) {
+    int sms = 0, per_sm = 0;
+    if (kSmem > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess)
+      return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
+    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRegThreads, kSmem)) != cudaSuccess)
+      return e;
+    ctas = std::max(1, sms * per_sm);
+    if (dev < kMaxDevices) resident[dev].store(ctas, std::memory_order_relaxed);
   }
+  const unsigned grid = unsigned(std::min<int64_t>(items, ctas));
+  kernel<<<grid, kRegThreads, kSmem, stream>>>(a);
+  return cudaGetLastError();
+}
+template <int kSlots, bool kHadamard>
+cudaError_t launch_reg_kernel(bool bf16, int64_t items, const Fp8Args& a, cudaStream_t stream) {
+  return bf16 ? launch_reg_kernel<kSlots, kHadamard, true>(items, a, stream)
+              : launch_reg_kernel<kSlots, kHadamard, false>(items, a, stream);
+}
+cudaError_t launch_reg_kernel(int slots, bool hadamard, bool bf16, int64_t items, const Fp8Args& a,
+                              cudaStream_t stream) {
+  if (slots == 8)
+    return hadamard ? launch_reg_kernel<8, true>(bf16, items, a, stream) : launch_reg_kernel<8, false>(bf16, items, a, stream);
+  return hadamard ? launch_reg_kernel<kRegMaxRows, true>(bf16, items, a, stream)
+                  : launch_reg_kernel<kRegMaxRows, false>(bf16, items, a, stream);
 }
 
 // Whether fp8_quantize_vec_kernel can take p: no transform, 16-bit input, contiguous 16-byte
@@ -546,7 +604,11 @@ flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
   const unsigned grid = unsigned(items < (int64_t(1) << 20) ? items : (int64_t(1) << 20));
   const int slots = reg_slots(p);
   if (slots != 0) {
-    launch_reg_kernel(slots, p.hadamard != 0, p.dtype == FLASHATTN_DTYPE_BF16, grid, a, static_cast<cudaStream_t>(stream));
+    const cudaError_t e = launch_reg_kernel(slots, p.hadamard != 0, p.dtype == FLASHATTN_DTYPE_BF16, items, a,
+                                            static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess)
+      return set_error(FLASHATTN_ERROR_CUDA, "fp8_quantize kernel launch: %s", cudaGetErrorString(e));
+    return FLASHATTN_SUCCESS;
   } else if (vec_path_ok(p)) {
     fp8_quantize_vec_kernel<<<grid, kVecThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
   } else {
