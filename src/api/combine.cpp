@@ -39,14 +39,10 @@ flashattn_status check_strides(const char* name, const int64_t* stride, int n, b
 
 flashattn_status normalize_combine(const flashattn_combine_params* caller, cpu::CombineParams* out, int* device_out,
                                    int* num_threads, bool* nothing_to_do) {
-  if (caller == nullptr) return set_error(kInvalid, "params: NULL");
-  if (caller->struct_size != sizeof(flashattn_combine_params))
-    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_combine_params) = %zu "
-                     "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_combine_params));
+  flashattn_status st = check_params_header(caller, "flashattn_combine_params");
+  if (st != FLASHATTN_SUCCESS) return st;
   const flashattn_combine_params& p = *caller;
   const flashattn_options& o = p.options;
-  flashattn_status st = check_placement_options(o);
-  if (st != FLASHATTN_SUCCESS) return st;
 
   if (dtype_size(p.dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(p.dtype));
   if (p.dtype == FLASHATTN_DTYPE_FP8_E4M3)

@@ -56,13 +56,9 @@ flashattn_status device_v_keys_permuted16(const cpu::Fp8VPermuteParams&, void*) 
 // Both directions take the same fields (x_fp8 and scales are outputs of one, inputs of the other).
 flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool quantize, cpu::Fp8QuantizeParams* out,
                                int* device_out, int* num_threads, bool* nothing_to_do) {
-  if (caller == nullptr) return set_error(kInvalid, "params: NULL");
-  if (caller->struct_size != sizeof(flashattn_fp8_quantize_params))
-    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_fp8_quantize_params) = %zu "
-                     "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_fp8_quantize_params));
-  const flashattn_fp8_quantize_params& p = *caller;
-  flashattn_status st = check_placement_options(p.options);
+  flashattn_status st = check_params_header(caller, "flashattn_fp8_quantize_params");
   if (st != FLASHATTN_SUCCESS) return st;
+  const flashattn_fp8_quantize_params& p = *caller;
   const int device = p.options.device;
 
   if (dtype_size(p.dtype) == 0) return set_error(kInvalid, "dtype: unknown value %d", int(p.dtype));
@@ -167,13 +163,9 @@ flashattn_status run_fp8(const flashattn_fp8_quantize_params* params, bool quant
 // flashattn_fp8_v_keys_permuted16's params: every rejected call names the field.
 flashattn_status normalize_v_permute(const flashattn_fp8_v_permute_params* caller, cpu::Fp8VPermuteParams* out,
                                      int* device_out, int* num_threads) {
-  if (caller == nullptr) return set_error(kInvalid, "params: NULL");
-  if (caller->struct_size != sizeof(flashattn_fp8_v_permute_params))
-    return set_error(kInvalid, "params.struct_size: %u, expected sizeof(flashattn_fp8_v_permute_params) = %zu "
-                     "(header/library mismatch?)", caller->struct_size, sizeof(flashattn_fp8_v_permute_params));
-  const flashattn_fp8_v_permute_params& p = *caller;
-  flashattn_status st = check_placement_options(p.options);
+  flashattn_status st = check_params_header(caller, "flashattn_fp8_v_permute_params");
   if (st != FLASHATTN_SUCCESS) return st;
+  const flashattn_fp8_v_permute_params& p = *caller;
   const int device = p.options.device;
   const int64_t* shp = p.v.shape;
   for (int i = 0; i < 4; ++i) {

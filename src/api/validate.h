@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/error.h"
 #include "common/params.h"
 #include "flashattn/flashattn.h"
 
@@ -29,6 +30,17 @@ flashattn_status normalize_bwd(const flashattn_bwd_params* p, void* stream, BwdP
 // For the entry points that read only options.backend, .device and .num_threads (flashattn_combine,
 // flashattn_fp8_quantize): the backend is known, the device and backend agree, num_threads >= 0.
 flashattn_status check_placement_options(const flashattn_options& o);
+// Their common preamble: params non-null, struct_size this header's sizeof(P) (`what` names P), and
+// check_placement_options(params->options).
+template <class P>
+flashattn_status check_params_header(const P* params, const char* what) {
+  if (params == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "params: NULL");
+  if (params->struct_size != sizeof(P))
+    return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                     "params.struct_size: %u, expected sizeof(%s) = %zu (header/library mismatch?)",
+                     params->struct_size, what, sizeof(P));
+  return check_placement_options(params->options);
+}
 // `ptr` (non-null) is aligned to `align` and lies in the memory space `device` says (-1: host;
 // checked only in CUDA builds). The message names `name`.
 flashattn_status check_pointer(const char* name, const void* ptr, size_t align, int device);
