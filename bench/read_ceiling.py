@@ -70,6 +70,45 @@ __global__ void split_read(const uint4* __restrict__ x, int keys, int heads, int
   if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
+// The same CTAs with their key chunks (kUnroll * rows_per_pass keys) interleaved: CTA `split` reads chunks
+// split, split + splits, ..., so at any moment the grid reads one contiguous window of the tensor (all
+// heads of neighbouring keys) instead of `splits` regions far apart.
+template <int kUnroll>
+__global__ void split_read_interleaved(const uint4* __restrict__ x, int keys, int heads, int row16, int splits,
+                                       unsigned* __restrict__ sink) {
+  const int split = blockIdx.x, head = blockIdx.y;
+  const int lane_col = threadIdx.x % row16, rows_per_pass = blockDim.x / row16;
+  const int chunk = kUnroll * rows_per_pass;
+  const long key_stride = long(heads) * row16;
+  unsigned acc = 0;
+  for (int c0 = split * chunk; c0 < keys; c0 += splits * chunk) {
+    const int k = c0 + threadIdx.x / row16;
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int kk = min(k + u * rows_per_pass, keys - 1);
+      v[u] = __ldg(x + kk * key_stride + head * row16 + lane_col);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+void read_split_interleaved(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits,
+                            int64_t unroll) {
+  const long n16 = x.numel() * x.element_size() / 16;
+  const int keys = int(n16 / (heads * row16));
+  auto s = at::cuda::getCurrentCUDAStream();
+  auto p = reinterpret_cast<const uint4*>(x.data_ptr());
+  auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
+  const dim3 grid(splits, heads);
+  if (unroll == 16) split_read_interleaved<16><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+  else if (unroll == 8) split_read_interleaved<8><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+  else split_read_interleaved<4><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+}
+
 void read_split(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits, int64_t unroll) {
   const long n16 = x.numel() * x.element_size() / 16;
   const int keys = int(n16 / (heads * row16));
@@ -114,8 +153,9 @@ def main(argv=None):
     from torch.utils.cpp_extension import load_inline
 
     ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);\n"
-                      "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
-                      cuda_sources=KERNEL, functions=["read_all", "read_split"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+                      "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
+                      "void read_split_interleaved(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
+                      cuda_sources=KERNEL, functions=["read_all", "read_split", "read_split_interleaved"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
                       verbose=False)
     copy = copy_gbps(dev, a)
     name = torch.cuda.get_device_name(dev)
@@ -137,6 +177,11 @@ def main(argv=None):
                 variants[f"split h{heads} s{splits} u{u}"] = (
                     lambda heads=heads, splits=splits, u=u: [
                         lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u) for x in bufs])
+                if heads > 1:
+                    variants[f"split h{heads} s{splits} u{u} interleaved"] = (
+                        lambda heads=heads, splits=splits, u=u: [
+                            lambda x=x: ext.read_split_interleaved(x, sink, heads, 16 * 8 // heads, splits, u)
+                            for x in bufs])
         if not a.split_only:
             variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
             variants["torch copy (half read, half written)"] = lambda: [
