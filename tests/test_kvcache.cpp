@@ -266,18 +266,29 @@ TEST(SplitKv, ChoosesSplitsThatFillTheGpu) {
   }
 }
 
-// Splits take consecutive ranges of key blocks that cover every block exactly once.
+// The splits' interleaved key blocks cover every block of [n_begin, n_end) exactly once, none outside,
+// each split's first block the highest it visits (the only one that can be partial is n_end - 1).
 TEST(SplitKv, SplitsPartitionTheKeyBlocks) {
   for (int splits = 1; splits <= 9; ++splits)
-    for (int n_blocks = 0; n_blocks <= 40; ++n_blocks) {
-      SplitKv s;
-      s.num_splits = splits;
-      const int per = s.blocks_per_split(n_blocks);
-      std::vector<int> seen(size_t(n_blocks), 0);
-      for (int i = 0; i < splits; ++i)
-        for (int nb = i * per; nb < std::min(n_blocks, (i + 1) * per); ++nb) ++seen[size_t(nb)];
-      for (int nb = 0; nb < n_blocks; ++nb) EXPECT_EQ(seen[size_t(nb)], 1) << splits << " splits, block " << nb;
-    }
+    for (int n_begin = 0; n_begin <= 3; ++n_begin)
+      for (int n_end = n_begin; n_end <= 40; ++n_end) {
+        SplitKv s;
+        s.num_splits = splits;
+        std::vector<int> seen(size_t(n_end + splits), 0);
+        for (int i = 0; i < splits; ++i) {
+          int prev = INT32_MAX;
+          for (int nb = s.first_block(n_end, i); nb >= n_begin; nb -= s.block_step()) {
+            ASSERT_LT(nb, n_end);
+            ASSERT_LT(nb, prev);
+            prev = nb;
+            ++seen[size_t(nb)];
+          }
+        }
+        for (int nb = 0; nb < int(seen.size()); ++nb)
+          EXPECT_EQ(seen[size_t(nb)], nb >= n_begin && nb < n_end ? 1 : 0)
+              << splits << " splits, blocks [" << n_begin << ", " << n_end << "), block " << nb;
+        if (n_end > n_begin) EXPECT_EQ(s.first_block(n_end, 0), n_end - 1);
+      }
 }
 
 // The partial layout and combine_into: attention computed per key range by the oracle, stored
@@ -304,29 +315,35 @@ TEST(SplitKv, PartialLayoutCombinesToTheFullAttention) {
   std::vector<float> lse_part(size_t(SplitKv::lse_floats(4, c.batch, c.sq, c.hq)), NAN);
   split.o_partial = o_part.data();
   split.lse_partial = lse_part.data();
-  const int block = 64, per = split.blocks_per_split((c.sk + block - 1) / block);
+  // Small blocks, so that the 150 keys make 10 blocks and every split several interleaved ones.
+  const int block = 16, n_blocks = (c.sk + block - 1) / block;
   for (int s = 0; s < 4; ++s) {
-    // Split s's keys [k0, k1) of the whole causal problem, from the definition in fp64.
-    const int k0 = std::min(c.sk, s * per * block), k1 = std::min(c.sk, (s + 1) * per * block);
+    // Split s's keys (its blocks' keys) of the whole causal problem, from the definition in fp64.
+    std::vector<int> keys;
+    for (int nb = split.first_block(n_blocks, s); nb >= 0; nb -= split.block_step())
+      for (int j = nb * block; j < std::min(c.sk, (nb + 1) * block); ++j) keys.push_back(j);
     const double scale = 1.0 / std::sqrt(double(c.d));
     for (int b = 0; b < c.batch; ++b)
       for (int h = 0; h < c.hq; ++h)
         for (int i = 0; i < c.sq; ++i) {
-          const int last = std::min(k1, i + c.sk - c.sq + 1);  // causal, bottom-right
+          const int last = i + c.sk - c.sq + 1;  // causal, bottom-right: keys below it
           std::vector<double> sc;
+          std::vector<int> seen;
           double m = -INFINITY;
-          for (int j = k0; j < last; ++j) {
+          for (int j : keys) {
+            if (j >= last) continue;
             double dot = 0;
             for (int x = 0; x < c.d; ++x) dot += p.q.get(b, i, h, x) * p.k.get(b, j, h / 2, x);
             sc.push_back(dot * scale);
+            seen.push_back(j);
             m = std::max(m, sc.back());
           }
           double l = 0;
           std::vector<double> o(size_t(c.d), 0.0);
-          for (int j = k0; j < last; ++j) {
-            const double e = std::exp(sc[size_t(j - k0)] - m);
+          for (size_t t = 0; t < seen.size(); ++t) {
+            const double e = std::exp(sc[t] - m);
             l += e;
-            for (int x = 0; x < c.d; ++x) o[size_t(x)] += e * p.v.get(b, j, h / 2, x);
+            for (int x = 0; x < c.d; ++x) o[size_t(x)] += e * p.v.get(b, seen[t], h / 2, x);
           }
           for (int x = 0; x < c.d; ++x)
             o_part[size_t(split.o_index(s, b, i, h) + x)] = l > 0 ? float(o[size_t(x)] / l) : 0.f;

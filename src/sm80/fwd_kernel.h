@@ -118,11 +118,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   const int q0 = m0 / group, q_rows = (m0 + valid_rows - 1) / group - q0 + 1;
   int n_begin = 0, n_end = 0;
   mask.key_block_range(q0, kKvCache ? q_rows : kBlockM, kBlockN, &n_begin, &n_end);
-  if constexpr (kKvCache) {  // this split's share of the sequence's key blocks
-    const int per_split = split.blocks_per_split((sb.seqlen_k + kBlockN - 1) / kBlockN);
-    n_begin = max(n_begin, split_idx * per_split);
-    n_end = min(n_end, (split_idx + 1) * per_split);
-  }
+  // KV cache: this split's key blocks, every kv_step-th from its first (SplitKv::first_block: the
+  // splits interleave, so the grid sweeps the cache together). Visited last to first.
+  const int kv_step = kKvCache ? split.block_step() : 1;
+  if constexpr (kKvCache) n_end = split.first_block(n_end, split_idx) + 1;
   const int d = kAllCols ? kHeadDim : p.shape.headdim;  // <= kHeadDim: the columns past it are zero-filled, never stored
   constexpr bool all_cols = kAllCols;
 
@@ -313,8 +312,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
 
   // Prologue: Q and the last K tile (blocks are visited last to first, so only the first
-  // visited block can be partial at the end of the sequence).
+  // visited block can be partial at the end of the sequence). `it` counts the visited blocks: the
+  // stage (staged kernels) or page-offset slot (it & 1) of a block.
   int n_block = n_last;
+  int it = 0;
   if constexpr (kKvCache) {  // packed: each row from its own query and head
     gather_rows(gmem_tiled_copy, [&](int r) { return q_ptr + packed_offset(r, p.q_stride.row, p.q_stride.head); }, 0,
                 tQsQ, tQcQ, valid_rows, d);
@@ -357,19 +358,21 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
       int pages[kKvStages];          // iteration issues the last of them), one slot per stage
 #pragma unroll
       for (int s = 0; s < kKvStages; ++s)
-        pages[s] = tidx < kBlockN && n_last - s >= n_begin ? page_of_key((n_last - s) * kBlockN + tidx) : -1;
+        pages[s] = tidx < kBlockN && n_last - s * kv_step >= n_begin
+                       ? page_of_key((n_last - s * kv_step) * kBlockN + tidx)
+                       : -1;
 #pragma unroll
-      for (int s = 0; s < kKvStages; ++s) store_row_offsets(s, (n_last - s) * kBlockN + tidx, pages[s]);
+      for (int s = 0; s < kKvStages; ++s) store_row_offsets(s, (n_last - s * kv_step) * kBlockN + tidx, pages[s]);
       __syncthreads();
     }
 #pragma unroll 1
-    for (int s = 0; s < kKvStages - 1; ++s) load_block_staged(n_last - s, s);
+    for (int s = 0; s < kKvStages - 1; ++s) load_block_staged(n_last - s * kv_step, s);
   } else if constexpr (kKvCache) {
     if constexpr (kPageLookahead) {
-      if (tidx < kBlockN) store_row_offsets(n_last & 1, n_last * kBlockN + tidx, page_of_key(n_last * kBlockN + tidx));
+      if (tidx < kBlockN) store_row_offsets(0, n_last * kBlockN + tidx, page_of_key(n_last * kBlockN + tidx));
       __syncthreads();
     }
-    load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN, n_last & 1);
+    load_k_block(n_last, tKsK, sb.seqlen_k - n_last * kBlockN, 0);
   } else {
     copy_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, sb.seqlen_k - n_last * kBlockN, d);
   }
@@ -394,34 +397,34 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   // instead of branching, and those dead instructions cost issue slots every block.
   auto mainloop = [&](auto softcap) {
     constexpr bool kSoftcap = decltype(softcap)::value;
-    for (; n_block >= n_begin; --n_block) {
+    for (; n_block >= n_begin; n_block -= kv_step, ++it) {
       const int n0 = n_block * kBlockN;
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       // Staged: this block's stage, and the stage the block kKvStages - 1 ahead refills (the one
       // block n + 1 used: every warp is done with it after the barrier below).
-      [[maybe_unused]] const int stage = kStaged ? (n_last - n_block) % kKvStages : 0;
+      [[maybe_unused]] const int stage = kStaged ? it % kKvStages : 0;
       [[maybe_unused]] int next_page = -1;
       if constexpr (kStaged) {
         cute::cp_async_wait<kKvStages - 2>();
-        __syncthreads();  // K[n] and V[n] landed; every warp is done with block n + 1's stage
-        load_block_staged(n_block - (kKvStages - 1), (n_last - n_block + kKvStages - 1) % kKvStages);
+        __syncthreads();  // K[n] and V[n] landed; every warp is done with the previous block's stage
+        load_block_staged(n_block - (kKvStages - 1) * kv_step, (it + kKvStages - 1) % kKvStages);
         // Paged: the pages of the block the next iteration issues (stored to this block's slot
         // after the S GEMM).
         if constexpr (kPageLookahead) {
-          if (tidx < kBlockN && n_block - kKvStages >= n_begin)
-            next_page = page_of_key((n_block - kKvStages) * kBlockN + tidx);
+          if (tidx < kBlockN && n_block - kKvStages * kv_step >= n_begin)
+            next_page = page_of_key((n_block - kKvStages * kv_step) * kBlockN + tidx);
         }
       } else {
         cute::cp_async_wait<0>();
         __syncthreads();  // K[n] landed; every warp is done with V[n+1]
-        // Paged: block n-1's pages, read now and stored to smem after the S GEMM (slot (n-1) & 1,
-        // last read by the gathers of block n+1, before this barrier).
+        // Paged: the next block's pages, read now and stored to smem after the S GEMM (slot
+        // (it + 1) & 1, last read by the previous block's gathers, before this barrier).
         if constexpr (kPageLookahead) {
-          if (tidx < kBlockN && n_block > n_begin) next_page = page_of_key(n0 - kBlockN + tidx);
+          if (tidx < kBlockN && n_block - kv_step >= n_begin) next_page = page_of_key(n0 - kv_step * kBlockN + tidx);
         }
         if constexpr (kKvCache) {
-          load_v_block(n_block, tVsV, sb.seqlen_k - n0, n_block & 1);
+          load_v_block(n_block, tVsV, sb.seqlen_k - n0, it & 1);
         } else if (n_block == n_last) {  // the only block that can end past the sequence
           copy_rows(gmem_tiled_copy, tVgV, tVsV, tKVcKV, sb.seqlen_k - n0, d);
         } else {
@@ -476,10 +479,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
 
       if constexpr (kPageLookahead) {  // (next_page is -1 where there is no such block)
         if (tidx < kBlockN) {
-          if constexpr (kStaged) {  // block n - kKvStages: this block's stage, whose loads have landed
-            store_row_offsets(stage, (n_block - kKvStages) * kBlockN + tidx, next_page);
+          if constexpr (kStaged) {  // kKvStages blocks on: this block's stage, whose loads have landed
+            store_row_offsets(stage, (n_block - kKvStages * kv_step) * kBlockN + tidx, next_page);
           } else {
-            store_row_offsets((n_block - 1) & 1, n0 - kBlockN + tidx, next_page);
+            store_row_offsets((it + 1) & 1, n0 - kv_step * kBlockN + tidx, next_page);
           }
         }
       }
@@ -487,10 +490,10 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
         __syncthreads();  // the row maxima are in smem
       } else {
       cute::cp_async_wait<0>();
-      __syncthreads();  // V[n] landed; every warp is done with K[n]; block n-1's pages are in smem
-      if (n_block > n_begin) {  // K[n - 1]: a whole block
+      __syncthreads();  // V[n] landed; every warp is done with K[n]; the next block's pages are in smem
+      if (n_block - kv_step >= n_begin) {  // K of the next block: a whole block
         if constexpr (kKvCache) {
-          load_k_block(n_block - 1, tKsK, kBlockN, (n_block - 1) & 1);
+          load_k_block(n_block - kv_step, tKsK, kBlockN, (it + 1) & 1);
         } else {
           tKgK.data() = tKgK.data() + (-kBlockN * ks);
           copy_full_rows(gmem_tiled_copy, tKgK, tKsK, tKVcKV, d, all_cols);
