@@ -76,6 +76,9 @@ def parse_args(argv=None):
     p.add_argument("--max-iters", type=int, default=200)
     p.add_argument("--target-ms", type=float, default=200.0)
     p.add_argument("--warmup-ms", type=float, default=50.0)
+    p.add_argument("--no-append", action="store_true",
+                   help="flashattn rows without k/v to append (cache_seqlens one longer: the same keys attended); "
+                        "isolates the fused append's cost")
     p.add_argument("--out", default=None)
     p.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     a = p.parse_args(argv)
@@ -284,6 +287,10 @@ def main(argv=None):
                     if device.type == "cuda" and not args.no_graph and args.layers > 1:
                         n_layers = max(1, min(args.layers, int(args.layers_gb / (2 * kv_bytes / 1e9))))
                     more = [make_problem(device, b, sq, cache, hq, hk, d, args.page_size, args.page_order) for _ in range(n_layers - 1)]
+                    if args.no_append:
+                        for x in [pr] + more:
+                            x["k_new"] = x["v_new"] = None
+                            x["seqlens"] = x["seqlens"] + 1
                     ref = None
                     for impl in impls:
                         row = dict(impl=impl, layout=(f"paged{args.page_size}" + ("" if args.page_order == "random" else "-sequential")

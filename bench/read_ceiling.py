@@ -121,6 +121,110 @@ void read_split(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row1
   else split_read<4><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
 }
 
+// The decode kernel's load structure without its math: CTA (split, head) of 128 threads walks its key blocks
+// (64 keys; K from the first half of the buffer, V from the second, each [keys, heads, 128] bf16) through a
+// ring of kStages smem stages (K + V: 32 KB each), a barrier per block, splits interleaved block by block.
+// kBulk = false: 16-byte cp.async per thread (as fwd_kernel), one commit group per block.
+// kBulk = true: one 256-byte cp.async.bulk per K or V row issued by warp 0, completing on the stage's mbarrier
+// (the TMA unit's copies, outside the LSU's request tracking).
+template <int kStages, bool kBulk>
+__global__ void __launch_bounds__(128) ring_read(const char* __restrict__ x, long half_bytes, int keys, int heads,
+                                                 int splits, unsigned* __restrict__ sink) {
+  extern __shared__ __align__(128) char smem[];
+  constexpr int kBlock = 64, kRow = 256, kStage = 2 * kBlock * kRow;
+  __shared__ __align__(8) unsigned long long bar[kStages];
+  const int split = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
+  const long key_stride = long(heads) * kRow;
+  const char* kx = x + long(head) * kRow;
+  const char* vx = x + half_bytes + long(head) * kRow;
+  const int n_blocks = keys / kBlock;
+  const unsigned smem_base = unsigned(__cvta_generic_to_shared(smem));
+  if (kBulk) {
+    if (tid < kStages) {
+      const unsigned b = unsigned(__cvta_generic_to_shared(&bar[tid]));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+  }
+  auto issue = [&](int n, int stage) {  // block n into stage (n < 0: nothing; cp.async still commits a group)
+    const unsigned dst = smem_base + stage * kStage;
+    if (kBulk) {
+      if (n >= 0 && tid < 32) {
+        const unsigned b = unsigned(__cvta_generic_to_shared(&bar[stage]));
+        if (tid == 0) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kStage) : "memory");
+        __syncwarp();
+        for (int r = tid; r < kBlock; r += 32) {
+          const char* ks = kx + long(n * kBlock + r) * key_stride;
+          const char* vs = vx + long(n * kBlock + r) * key_stride;
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];"
+                       ::"r"(dst + r * kRow), "l"(ks), "r"(b) : "memory");
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];"
+                       ::"r"(dst + kBlock * kRow + r * kRow), "l"(vs), "r"(b) : "memory");
+        }
+      }
+    } else {
+      if (n >= 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {  // 1024 16-byte chunks of K, then of V, 8 per thread each
+          const int c = i * 128 + tid, r = c / 16, col = (c % 16) * 16;
+          const char* ks = kx + long(n * kBlock + r) * key_stride + col;
+          const char* vs = vx + long(n * kBlock + r) * key_stride + col;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + r * kRow + col), "l"(ks) : "memory");
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kBlock * kRow + r * kRow + col), "l"(vs)
+                       : "memory");
+        }
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  };
+  // Split s: blocks n_blocks - 1 - s, then every splits-th below.
+  const int first = n_blocks - 1 - split;
+  for (int st = 0; st < kStages - 1; ++st) issue(first - st * splits >= 0 ? first - st * splits : -1, st);
+  unsigned acc = 0;
+  int it = 0;
+  for (int n = first; n >= 0; n -= splits, ++it) {
+    const int stage = it % kStages;
+    if (kBulk) {
+      const unsigned b = unsigned(__cvta_generic_to_shared(&bar[stage]));
+      const unsigned parity = unsigned(it / kStages) & 1u;
+      unsigned done = 0;
+      while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
+    } else {
+      asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
+    }
+    __syncthreads();  // block n landed for every thread; every thread is done with the previous block's stage
+    const int ahead = n - (kStages - 1) * splits;
+    issue(ahead >= 0 ? ahead : -1, (it + kStages - 1) % kStages);
+    const uint4* sk = reinterpret_cast<const uint4*>(smem + stage * kStage);
+    const uint4 a = sk[tid], c = sk[1024 + tid];  // a word of K and of V per thread
+    acc ^= a.x ^ c.w;
+  }
+  if (!kBulk) asm volatile("cp.async.wait_group 0;" ::: "memory");
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((tid & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+}
+
+void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t splits, int64_t stages, int64_t bulk) {
+  const long half = x.numel() * x.element_size() / 2;
+  const int keys = int(half / (heads * 256)) / 64 * 64;
+  auto s = at::cuda::getCurrentCUDAStream();
+  auto p = reinterpret_cast<const char*>(x.data_ptr());
+  auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
+  const dim3 grid(splits, heads);
+  const int smem = int(stages) * 2 * 64 * 256;
+#define FA_RING(S, B)                                                                                        \
+  if (stages == S && bulk == B) {                                                                           \
+    cudaFuncSetAttribute(ring_read<S, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);               \
+    ring_read<S, B><<<grid, 128, smem, s>>>(p, half, keys, int(heads), int(splits), o);                     \
+    return;                                                                                                  \
+  }
+  FA_RING(2, 0) FA_RING(3, 0) FA_RING(4, 0) FA_RING(2, 1) FA_RING(3, 1) FA_RING(4, 1) FA_RING(6, 1)
+#undef FA_RING
+}
+
 void read_all(torch::Tensor x, torch::Tensor sink, int64_t ctas_per_sm, int64_t unroll) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device());
@@ -146,6 +250,8 @@ def main(argv=None):
     p.add_argument("--no-graph", action="store_true")
     p.add_argument("--splits", default="57,114",
                    help="split counts of the decode split pattern (8 heads) to time beside the plain reads")
+    p.add_argument("--ring-splits", default="",
+                   help="split counts of ring_read (the decode kernel's cp.async / bulk-copy ring without math)")
     p.add_argument("--split-only", action="store_true", help="only the split patterns (no plain or torch reads)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -154,8 +260,9 @@ def main(argv=None):
 
     ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);\n"
                       "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
-                      "void read_split_interleaved(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
-                      cuda_sources=KERNEL, functions=["read_all", "read_split", "read_split_interleaved"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+                      "void read_split_interleaved(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
+                      "void read_ring(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
+                      cuda_sources=KERNEL, functions=["read_all", "read_split", "read_split_interleaved", "read_ring"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
                       verbose=False)
     copy = copy_gbps(dev, a)
     name = torch.cuda.get_device_name(dev)
@@ -182,6 +289,12 @@ def main(argv=None):
                         lambda heads=heads, splits=splits, u=u: [
                             lambda x=x: ext.read_split_interleaved(x, sink, heads, 16 * 8 // heads, splits, u)
                             for x in bufs])
+        # The decode kernel's load structure without math (ring_read): 8 heads, interleaved splits.
+        for splits in [int(n) for n in a.ring_splits.split(",") if n]:
+            for stages, bulk in ((3, 0), (2, 1), (3, 1), (4, 1), (6, 1)):
+                variants[f"ring s{splits} st{stages} {'bulk' if bulk else 'cp.async'}"] = (
+                    lambda splits=splits, stages=stages, bulk=bulk: [
+                        lambda x=x: ext.read_ring(x, sink, 8, splits, stages, bulk) for x in bufs])
         if not a.split_only:
             variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
             variants["torch copy (half read, half written)"] = lambda: [
