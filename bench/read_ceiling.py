@@ -225,6 +225,246 @@ void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t split
 #undef FA_RING
 }
 
+// The ablation ladder for the decode kernel's missing microseconds (perf-notes, twenty-fourth session):
+// ring_read's CTA (one split of one kv head, 128 threads, a 3-stage ring of 64-key K+V blocks, splits
+// interleaved; rows swizzled for ldmatrix) with the decode kernel's pieces switched on one at a time:
+//   kLadderMath  each warp computes its 16 keys of a block for 8 query rows (4 real, GQA 32/8): S^T = K Q^T
+//                (mma.sync m16n8k16), online softmax over its keys, P^T by movmatrix, O^T += V^T P^T
+//   kLadderDep   the key count comes from global memory (as cache_seqlens) before the first copy
+//   kLadderEpi   the warps merge (m, l, O^T) through smem and the CTA stores fp32 partial O and LSE rows
+// and then the step's combine as a second kernel, launched plainly or as a programmatic dependent launch (PDL,
+// triggered at the ring kernel's start) as the library does.
+constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4;
+
+__device__ __forceinline__ int ladder_swz(int r, int u) { return r * 256 + ((u ^ (r & 7)) << 4); }
+
+template <int kFlags>
+__global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__ x, long half_bytes, int keys_arg,
+                                                         const int* __restrict__ keys_ptr, const uint16_t* __restrict__ q,
+                                                         int splits, float* __restrict__ o_part,
+                                                         float* __restrict__ lse_part, unsigned* __restrict__ sink,
+                                                         int pdl) {
+  constexpr int kStages = 3, kBlock = 64, kRow = 256, kStage = 2 * kBlock * kRow, kHeads = 8;
+  extern __shared__ __align__(128) char smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (pdl) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const int split = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const long key_stride = long(kHeads) * kRow;
+  const char* kx = x + long(head) * kRow;
+  const char* vx = x + half_bytes + long(head) * kRow;
+  const int keys = (kFlags & kLadderDep) ? *keys_ptr : keys_arg;
+  const int n_blocks = keys / kBlock;
+  const unsigned smem_base = unsigned(__cvta_generic_to_shared(smem));
+  auto issue = [&](int n, int stage) {
+    const unsigned dst = smem_base + stage * kStage;
+    if (n >= 0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int c = i * 128 + tid, r = c / 16, u = c % 16;
+        const char* ks = kx + long(n * kBlock + r) * key_stride + u * 16;
+        const char* vs = vx + long(n * kBlock + r) * key_stride + u * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + ladder_swz(r, u)), "l"(ks) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + kBlock * kRow + ladder_swz(r, u)), "l"(vs)
+                     : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  const int first = n_blocks - 1 - split;
+  for (int st = 0; st < kStages - 1; ++st) issue(first - st * splits >= 0 ? first - st * splits : -1, st);
+
+  // Q^T fragments of this head's 8 rows (row g; dims 16 kk + 2t, + 8).
+  uint32_t qf[8][2];
+  float o[8][4], m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  if (!(kFlags & kLadderMath)) m_run[0] = m_run[1] = 0.f, l_run[0] = l_run[1] = 1.f;  // (epilogue without math)
+  if (kFlags & kLadderMath) {
+    const uint16_t* qr = q + (long(head) * 8 + g) * 128;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        qf[kk][hf] = uint32_t(qr[16 * kk + 8 * hf + 2 * t]) | (uint32_t(qr[16 * kk + 8 * hf + 2 * t + 1]) << 16);
+  }
+  const int lm_q = lane / 8, lm_r = lane % 8;
+  const int k_row = 16 * warp + (lm_q & 1) * 8 + lm_r, k_unit = lm_q >> 1;
+  const int v_row = 16 * warp + (lm_q >> 1) * 8 + lm_r, v_unit = lm_q & 1;
+  const float scale2 = 0.08838834764f * 1.44269504f;
+  unsigned acc = 0;
+  int it = 0;
+  for (int n = first; n >= 0; n -= splits, ++it) {
+    const int stage = it % kStages;
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
+    __syncthreads();
+    const int ahead = n - (kStages - 1) * splits;
+    issue(ahead >= 0 ? ahead : -1, (it + kStages - 1) % kStages);
+    const unsigned k_s = smem_base + stage * kStage, v_s = k_s + kBlock * kRow;
+    if (kFlags & kLadderMath) {
+      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        uint32_t a[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(k_s + ladder_swz(k_row, 2 * kk + k_unit)));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(sc[0]), "+f"(sc[1]), "+f"(sc[2]), "+f"(sc[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(qf[kk][0]), "r"(qf[kk][1]));
+      }
+      if ((n + 1) * kBlock > keys) {  // the sequence's end (never here: keys is a multiple of 64)
+        const int j = n * kBlock + 16 * warp + g;
+        if (j >= keys) sc[0] = sc[1] = -INFINITY;
+        if (j + 8 >= keys) sc[2] = sc[3] = -INFINITY;
+      }
+      float pr[4];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(sc[e], sc[e + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        mx *= scale2;
+        if (mx > m_run[e] + 8.f || m_run[e] == -INFINITY) {  // lazy max (slack 8, as common/softmax.h)
+          const float f = m_run[e] == -INFINITY ? 0.f : exp2f(m_run[e] - mx);
+          m_run[e] = mx;
+          l_run[e] *= f;
+#pragma unroll
+          for (int mt = 0; mt < 8; ++mt) o[mt][e] *= f, o[mt][e + 2] *= f;
+        }
+        pr[e] = exp2f(fmaf(sc[e], scale2, -m_run[e]));
+        pr[e + 2] = exp2f(fmaf(sc[e + 2], scale2, -m_run[e]));
+        l_run[e] += pr[e] + pr[e + 2];
+      }
+      uint32_t p0, p1;
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p0) : "f"(pr[1]), "f"(pr[0]));
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p1) : "f"(pr[3]), "f"(pr[2]));
+      asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(p0) : "r"(p0));
+      asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(p1) : "r"(p1));
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        uint32_t a[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(v_s + ladder_swz(v_row, 2 * mt + v_unit)));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(o[mt][0]), "+f"(o[mt][1]), "+f"(o[mt][2]), "+f"(o[mt][3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(p0), "r"(p1));
+      }
+    } else {
+      const uint4 a = *reinterpret_cast<const uint4*>(smem + stage * kStage + tid * 16);
+      const uint4 c = *reinterpret_cast<const uint4*>(smem + stage * kStage + kBlock * kRow + tid * 16);
+      acc ^= a.x ^ c.w;
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (kFlags & kLadderEpi) {
+    __syncthreads();
+    float* red_o = reinterpret_cast<float*>(smem);  // [warp][row 8][dim 128]
+    float* red_m = red_o + 4 * 8 * 128;
+    float* red_l = red_m + 4 * 8;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int r = 2 * t + e;
+      if (g == 0) red_m[warp * 8 + r] = m_run[e], red_l[warp * 8 + r] = l;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        red_o[(warp * 8 + r) * 128 + 16 * mt + g] = o[mt][e];
+        red_o[(warp * 8 + r) * 128 + 16 * mt + g + 8] = o[mt][e + 2];
+      }
+    }
+    __syncthreads();
+    for (int r = 0; r < 4; ++r) {
+      float m = -INFINITY;
+      for (int w = 0; w < 4; ++w) m = fmaxf(m, red_m[w * 8 + r]);
+      float l = 0.f, a = 0.f;
+      for (int w = 0; w < 4; ++w) {
+        const float f = exp2f(red_m[w * 8 + r] - m);
+        l += f * red_l[w * 8 + r];
+        a += f * red_o[(w * 8 + r) * 128 + tid];
+      }
+      const long row = (long(split) * kHeads + head) * 8 + r;
+      o_part[row * 128 + tid] = a / l;
+      if (tid == 0) lse_part[row] = (m + log2f(l)) * 0.69314718f;
+    }
+  } else {
+    if (kFlags & kLadderMath) {
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) acc ^= __float_as_uint(o[mt][0] + o[mt][3]) ^ __float_as_uint(l_run[0]);
+    }
+    acc = __reduce_xor_sync(0xffffffffu, acc);
+    if ((tid & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+  }
+}
+
+// The step's combine: a CTA per kv head, a thread per dim, over the 4 real rows of every split.
+__global__ void ladder_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, int splits,
+                               uint16_t* __restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  const int head = blockIdx.x, tid = threadIdx.x;
+  for (int r = 0; r < 4; ++r) {
+    float m = -INFINITY;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse_part[(long(s) * 8 + head) * 8 + r]);
+    float l = 0.f, a = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const long row = (long(s) * 8 + head) * 8 + r;
+      const float w = __expf(lse_part[row] - m);
+      l += w;
+      a += w * o_part[row * 128 + tid];
+    }
+    const float v = a / l;
+    out[(head * 8 + r) * 128 + tid] = uint16_t(__float_as_uint(v) >> 16);
+  }
+}
+
+// combine: 0 none, 1 plain launch, 2 programmatic dependent launch.
+void read_ladder(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Tensor o_part, torch::Tensor lse_part,
+                 torch::Tensor out, torch::Tensor sink, int64_t splits, int64_t flags, int64_t combine) {
+  const long half = x.numel() * x.element_size() / 2;
+  const int n_keys = int(half / (8 * 256)) / 64 * 64;
+  auto s = at::cuda::getCurrentCUDAStream();
+  const dim3 grid(splits, 8);
+  const int smem = 3 * 2 * 64 * 256;
+  auto args = [&](auto kernel) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    kernel<<<grid, 128, smem, s>>>(reinterpret_cast<const char*>(x.data_ptr()), half, n_keys, keys.data_ptr<int>(),
+                                   reinterpret_cast<const uint16_t*>(q.data_ptr()), int(splits),
+                                   o_part.data_ptr<float>(), lse_part.data_ptr<float>(),
+                                   reinterpret_cast<unsigned*>(sink.data_ptr()), combine == 2 ? 1 : 0);
+  };
+  switch (flags) {
+    case 0: args(ladder_kernel<0>); break;
+    case 1: args(ladder_kernel<1>); break;
+    case 2: args(ladder_kernel<2>); break;
+    case 3: args(ladder_kernel<3>); break;
+    case 4: args(ladder_kernel<4>); break;
+    case 5: args(ladder_kernel<5>); break;
+    case 6: args(ladder_kernel<6>); break;
+    default: args(ladder_kernel<7>); break;
+  }
+  if (combine == 0) return;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(8);
+  cfg.blockDim = dim3(128);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = combine == 2 ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, ladder_combine, static_cast<const float*>(o_part.data_ptr<float>()),
+                     static_cast<const float*>(lse_part.data_ptr<float>()), int(splits),
+                     reinterpret_cast<uint16_t*>(out.data_ptr()));
+}
+
 void read_all(torch::Tensor x, torch::Tensor sink, int64_t ctas_per_sm, int64_t unroll) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device());
@@ -252,6 +492,9 @@ def main(argv=None):
                    help="split counts of the decode split pattern (8 heads) to time beside the plain reads")
     p.add_argument("--ring-splits", default="",
                    help="split counts of ring_read (the decode kernel's cp.async / bulk-copy ring without math)")
+    p.add_argument("--ladder-splits", default="",
+                   help="split count of the ablation ladder (ladder_kernel: the ring plus the decode kernel's math, "
+                        "dependent start, epilogue and combine, one at a time); empty: off")
     p.add_argument("--split-only", action="store_true", help="only the split patterns (no plain or torch reads)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -261,8 +504,11 @@ def main(argv=None):
     ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);\n"
                       "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
                       "void read_split_interleaved(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
-                      "void read_ring(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);",
-                      cuda_sources=KERNEL, functions=["read_all", "read_split", "read_split_interleaved", "read_ring"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+                      "void read_ring(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
+                      "void read_ladder(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, "
+                      "torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t);",
+                      cuda_sources=KERNEL,
+                      functions=["read_all", "read_split", "read_split_interleaved", "read_ring", "read_ladder"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
                       verbose=False)
     copy = copy_gbps(dev, a)
     name = torch.cuda.get_device_name(dev)
@@ -295,6 +541,21 @@ def main(argv=None):
                 variants[f"ring s{splits} st{stages} {'bulk' if bulk else 'cp.async'}"] = (
                     lambda splits=splits, stages=stages, bulk=bulk: [
                         lambda x=x: ext.read_ring(x, sink, 8, splits, stages, bulk) for x in bufs])
+        # The ablation ladder (ladder_kernel): the ring plus the decode kernel's pieces, one at a time.
+        if a.ladder_splits:
+            lsp = int(a.ladder_splits)
+            ldr = [dict(q=torch.randn(8 * 8 * 128, device=dev).to(torch.bfloat16),
+                        keys=torch.tensor([(nbytes // 2) // (8 * 256) // 64 * 64], dtype=torch.int32, device=dev),
+                        o=torch.empty(lsp * 8 * 8 * 128, device=dev), lse=torch.empty(lsp * 8 * 8, device=dev),
+                        out=torch.empty(8 * 8 * 128, dtype=torch.bfloat16, device=dev)) for _ in bufs]
+            ladder = [("ring only", 0, 0), ("+ math", 1, 0), ("+ dependent start", 2, 0), ("+ epilogue", 4, 0),
+                      ("math + dependent start", 3, 0), ("math + epilogue", 5, 0), ("math + dep + epilogue", 7, 0),
+                      ("all + combine (plain launch)", 7, 1), ("all + combine (PDL)", 7, 2)]
+            for lname, flags, comb in ladder:
+                variants[f"ladder s{lsp} {lname}"] = (
+                    lambda flags=flags, comb=comb: [
+                        lambda x=x, d=d: ext.read_ladder(x, d["q"], d["keys"], d["o"], d["lse"], d["out"], sink, lsp,
+                                                         flags, comb) for x, d in zip(bufs, ldr)])
         if not a.split_only:
             variants["torch amax"] = lambda: [lambda x=x: torch.amax(x.view(-1, 2048), dim=1) for x in bufs]
             variants["torch copy (half read, half written)"] = lambda: [
