@@ -96,29 +96,21 @@ __global__ void split_read_interleaved(const uint4* __restrict__ x, int keys, in
   if ((threadIdx.x & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
 }
 
-void read_split_interleaved(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits,
-                            int64_t unroll) {
+// interleaved: split_read_interleaved's order of key chunks, else split_read's ranges.
+void read_split(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits, int64_t unroll,
+                int64_t interleaved) {
   const long n16 = x.numel() * x.element_size() / 16;
   const int keys = int(n16 / (heads * row16));
   auto s = at::cuda::getCurrentCUDAStream();
   auto p = reinterpret_cast<const uint4*>(x.data_ptr());
   auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
   const dim3 grid(splits, heads);
-  if (unroll == 16) split_read_interleaved<16><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
-  else if (unroll == 8) split_read_interleaved<8><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
-  else split_read_interleaved<4><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
-}
-
-void read_split(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t row16, int64_t splits, int64_t unroll) {
-  const long n16 = x.numel() * x.element_size() / 16;
-  const int keys = int(n16 / (heads * row16));
-  auto s = at::cuda::getCurrentCUDAStream();
-  auto p = reinterpret_cast<const uint4*>(x.data_ptr());
-  auto o = reinterpret_cast<unsigned*>(sink.data_ptr());
-  const dim3 grid(splits, heads);
-  if (unroll == 16) split_read<16><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
-  else if (unroll == 8) split_read<8><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
-  else split_read<4><<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o);
+  auto launch = [&](auto kernel) { kernel<<<grid, 128, 0, s>>>(p, keys, int(heads), int(row16), int(splits), o); };
+  if (interleaved) {
+    launch(unroll == 16 ? split_read_interleaved<16> : unroll == 8 ? split_read_interleaved<8> : split_read_interleaved<4>);
+  } else {
+    launch(unroll == 16 ? split_read<16> : unroll == 8 ? split_read<8> : split_read<4>);
+  }
 }
 
 // The decode kernel's load structure without its math: CTA (split, head) of 128 threads walks its key blocks
@@ -502,13 +494,12 @@ def main(argv=None):
     from torch.utils.cpp_extension import load_inline
 
     ext = load_inline("read_ceiling_ext", cpp_sources="void read_all(torch::Tensor, torch::Tensor, int64_t, int64_t);\n"
-                      "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
-                      "void read_split_interleaved(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
+                      "void read_split(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t);\n"
                       "void read_ring(torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t);\n"
                       "void read_ladder(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, "
                       "torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t);",
                       cuda_sources=KERNEL,
-                      functions=["read_all", "read_split", "read_split_interleaved", "read_ring", "read_ladder"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
+                      functions=["read_all", "read_split", "read_ring", "read_ladder"], extra_cuda_cflags=["-O3", "-arch=sm_90a"],
                       verbose=False)
     copy = copy_gbps(dev, a)
     name = torch.cuda.get_device_name(dev)
@@ -529,11 +520,11 @@ def main(argv=None):
             for u in (8, 16):
                 variants[f"split h{heads} s{splits} u{u}"] = (
                     lambda heads=heads, splits=splits, u=u: [
-                        lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u) for x in bufs])
+                        lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u, 0) for x in bufs])
                 if heads > 1:
                     variants[f"split h{heads} s{splits} u{u} interleaved"] = (
                         lambda heads=heads, splits=splits, u=u: [
-                            lambda x=x: ext.read_split_interleaved(x, sink, heads, 16 * 8 // heads, splits, u)
+                            lambda x=x: ext.read_split(x, sink, heads, 16 * 8 // heads, splits, u, 1)
                             for x in bufs])
         # The decode kernel's load structure without math (ring_read): 8 heads, interleaved splits.
         for splits in [int(n) for n in a.ring_splits.split(",") if n]:
