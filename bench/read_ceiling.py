@@ -224,9 +224,11 @@ void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t split
 //                (mma.sync m16n8k16), online softmax over its keys, P^T by movmatrix, O^T += V^T P^T
 //   kLadderDep   the key count comes from global memory (as cache_seqlens) before the first copy
 //   kLadderEpi   the warps merge (m, l, O^T) through smem and the CTA stores fp32 partial O and LSE rows
+//   kLadderSetup ~500 dependent integer instructions (24 divisions) before the first copy, as the kernels'
+//                address and mask setup (the tile kernel issues its first cp.async ~1000 SASS lines in)
 // and then the step's combine as a second kernel, launched plainly or as a programmatic dependent launch (PDL,
 // triggered at the ring kernel's start) as the library does.
-constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4;
+constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8;
 
 __device__ __forceinline__ int ladder_swz(int r, int u) { return r * 256 + ((u ^ (r & 7)) << 4); }
 
@@ -246,7 +248,13 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
   const long key_stride = long(kHeads) * kRow;
   const char* kx = x + long(head) * kRow;
   const char* vx = x + half_bytes + long(head) * kRow;
-  const int keys = (kFlags & kLadderDep) ? *keys_ptr : keys_arg;
+  int keys = (kFlags & kLadderDep) ? *keys_ptr : keys_arg;
+  if (kFlags & kLadderSetup) {  // a dependent chain the first copy waits for (the result never changes keys)
+    int v = tid + split;
+#pragma unroll 1
+    for (int i = 0; i < 24; ++i) v = (v * 7 + keys) / (3 + (v & 1));
+    keys += v == -12345 ? 1 : 0;
+  }
   const int n_blocks = keys / kBlock;
   const unsigned smem_base = unsigned(__cvta_generic_to_shared(smem));
   auto issue = [&](int n, int stage) {
@@ -439,8 +447,10 @@ void read_ladder(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Te
     case 3: args(ladder_kernel<3>); break;
     case 4: args(ladder_kernel<4>); break;
     case 5: args(ladder_kernel<5>); break;
-    case 6: args(ladder_kernel<6>); break;
-    default: args(ladder_kernel<7>); break;
+    case 7: args(ladder_kernel<7>); break;
+    case 8: args(ladder_kernel<8>); break;
+    case 9: args(ladder_kernel<9>); break;
+    default: args(ladder_kernel<15>); break;
   }
   if (combine == 0) return;
   cudaLaunchConfig_t cfg = {};
@@ -540,8 +550,10 @@ def main(argv=None):
                         o=torch.empty(lsp * 8 * 8 * 128, device=dev), lse=torch.empty(lsp * 8 * 8, device=dev),
                         out=torch.empty(8 * 8 * 128, dtype=torch.bfloat16, device=dev)) for _ in bufs]
             ladder = [("ring only", 0, 0), ("+ math", 1, 0), ("+ dependent start", 2, 0), ("+ epilogue", 4, 0),
-                      ("math + dependent start", 3, 0), ("math + epilogue", 5, 0), ("math + dep + epilogue", 7, 0),
-                      ("all + combine (plain launch)", 7, 1), ("all + combine (PDL)", 7, 2)]
+                      ("+ setup chain", 8, 0), ("math + setup chain", 9, 0), ("math + dependent start", 3, 0),
+                      ("math + epilogue", 5, 0), ("math + dep + epilogue", 7, 0),
+                      ("math + dep + epilogue + setup", 15, 0), ("that + combine (plain launch)", 15, 1),
+                      ("that + combine (PDL)", 15, 2), ("math + dep + epilogue + combine (PDL)", 7, 2)]
             for lname, flags, comb in ladder:
                 variants[f"ladder s{lsp} {lname}"] = (
                     lambda flags=flags, comb=comb: [
