@@ -231,6 +231,22 @@ void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t split
 constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8;
 
 __device__ __forceinline__ int ladder_swz(int r, int u) { return r * 256 + ((u ^ (r & 7)) << 4); }
+// ldmatrix x4 (transposed for V^T) into a, then c += a * (b0, b1) (m16n8k16, bf16 in, fp32 accumulate).
+template <bool kTrans>
+__device__ __forceinline__ void ladder_ldsm_mma(float (&c)[4], unsigned addr, uint32_t b0, uint32_t b1) {
+  uint32_t a[4];
+  if (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+  }
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 template <int kFlags>
 __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__ x, long half_bytes, int keys_arg,
@@ -305,15 +321,8 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
     if (kFlags & kLadderMath) {
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        uint32_t a[4];
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(k_s + ladder_swz(k_row, 2 * kk + k_unit)));
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};"
-            : "+f"(sc[0]), "+f"(sc[1]), "+f"(sc[2]), "+f"(sc[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(qf[kk][0]), "r"(qf[kk][1]));
-      }
+      for (int kk = 0; kk < 8; ++kk)
+        ladder_ldsm_mma<false>(sc, k_s + ladder_swz(k_row, 2 * kk + k_unit), qf[kk][0], qf[kk][1]);
       if ((n + 1) * kBlock > keys) {  // the sequence's end (never here: keys is a multiple of 64)
         const int j = n * kBlock + 16 * warp + g;
         if (j >= keys) sc[0] = sc[1] = -INFINITY;
@@ -344,15 +353,7 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
       asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(p0) : "r"(p0));
       asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(p1) : "r"(p1));
 #pragma unroll
-      for (int mt = 0; mt < 8; ++mt) {
-        uint32_t a[4];
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(v_s + ladder_swz(v_row, 2 * mt + v_unit)));
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};"
-            : "+f"(o[mt][0]), "+f"(o[mt][1]), "+f"(o[mt][2]), "+f"(o[mt][3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(p0), "r"(p1));
-      }
+      for (int mt = 0; mt < 8; ++mt) ladder_ldsm_mma<true>(o[mt], v_s + ladder_swz(v_row, 2 * mt + v_unit), p0, p1);
     } else {
       const uint4 a = *reinterpret_cast<const uint4*>(smem + stage * kStage + tid * 16);
       const uint4 c = *reinterpret_cast<const uint4*>(smem + stage * kStage + kBlock * kRow + tid * 16);
