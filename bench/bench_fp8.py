@@ -5,7 +5,7 @@ warm-up, median of --iters; TFLOP/s in the FA convention (4 b h s_q s_k d, halve
 --vt adds each FP8 row with v in the keys_permuted16 layout (flashattn.fp8.keys_permuted16, converted once
 before the timing: the kernel then skips its V transpose), as impl "<row>-vt".
 Writes <out-dir>/<gpu>-<date>-fp8-hdim<D>.json."""
-import argparse, datetime, json, os, statistics, sys
+import argparse, contextlib, datetime, json, os, statistics, sys, time
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,19 @@ from flashattn.fp8 import keys_permuted16  # noqa: E402
 E4M3 = torch.float8_e4m3fn
 
 
-def timed(fn, iters, warmup=5):
+def timed(fn, iters, warmup=5, sustain_ms=0.0):
+    """Median ms of `iters` calls, each between two events and synchronized; after `warmup` calls, and first
+    `sustain_ms` of back-to-back calls (the clock's steady state under this kernel; 0 = off)."""
     for _ in range(warmup):
         fn()
+    if sustain_ms > 0:
+        torch.cuda.synchronize()
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < sustain_ms / 1e3:
+            fn()
+            n += 1
+            if n % 8 == 0:
+                torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -86,6 +96,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384, help="batch x seqlen")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every impl of a shape this many times, the order rotated each round; a row is the "
+                         "median of its rounds (H200 runs differ by up to 15%% with the clock's state: s23, s24)")
+    ap.add_argument("--sustain-ms", type=float, default=0.0,
+                    help="run each impl back to back for this long right before its timed calls (steady clock); "
+                         "the SM clock after the timing is recorded where pynvml is installed")
     ap.add_argument("--out-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--same-data-row", action="store_true",
                     help="also time block scales on the per-head codes (code path vs data, see the row's comment)")
@@ -103,41 +119,56 @@ def main():
             b, h, d = max(1, a.tokens // s), a.hidden // a.hdim, a.hdim
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
             flops = 4 * b * h * s * s * d / (2 if causal else 1)
-            res = {}
-            res["flashattn-bf16"] = timed(lambda: flash_attn_func(q, k, v, causal=causal), a.iters)
+            fns = {"flashattn-bf16": lambda: flash_attn_func(q, k, v, causal=causal)}
             for name, block in (("flashattn-fp8-block128", 128), ("flashattn-fp8-pertensor", 1 << 30)):
                 (q8, qs), (k8, ks), (v8, vs) = (quantize(t, min(block, s)) for t in (q, k, v))
                 kw = dict(q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=min(block, s), k_block_size=min(block, s))
-                res[name] = timed(lambda: flash_attn_func(q8, k8, v8, causal=causal, **kw), a.iters)
+                fns[name] = lambda q8=q8, k8=k8, v8=v8, kw=kw: flash_attn_func(q8, k8, v8, causal=causal, **kw)
                 if a.vt:
                     v8t = keys_permuted16(v8)
-                    res[name + "-vt"] = timed(
-                        lambda: flash_attn_func(q8, k8, v8t, causal=causal, v_layout="keys_permuted16", **kw), a.iters)
+                    fns[name + "-vt"] = lambda q8=q8, k8=k8, v8t=v8t, kw=kw: flash_attn_func(
+                        q8, k8, v8t, causal=causal, v_layout="keys_permuted16", **kw)
             if a.same_data_row and s > 128:
                 # The block-scale code path on the per-head row's codes (each head's scale repeated
                 # over its blocks): is per-head FP8's lead over block scales the code or the data?
                 nb = (s + 127) // 128
-                (q8, qs), (k8, ks), (v8, vs) = (quantize(t, s) for t in (q, k, v))
-                kw = {n: x.expand(-1, -1, nb).contiguous() for n, x in (("q_scale", qs), ("k_scale", ks), ("v_scale", vs))}
-                res["flashattn-fp8-block128-headdata"] = timed(
-                    lambda: flash_attn_func(q8, k8, v8, causal=causal, q_block_size=128, k_block_size=128, **kw), a.iters)
+                (q8h, qs), (k8h, ks), (v8h, vs) = (quantize(t, s) for t in (q, k, v))
+                kwh = {n: x.expand(-1, -1, nb).contiguous() for n, x in (("q_scale", qs), ("k_scale", ks), ("v_scale", vs))}
+                fns["flashattn-fp8-block128-headdata"] = lambda: flash_attn_func(
+                    q8h, k8h, v8h, causal=causal, q_block_size=128, k_block_size=128, **kwh)
             if a.cudnn_fp8:
                 try:
-                    (q8, _), (k8, _), (v8, _) = (quantize(t, s) for t in (q, k, v))
-                    run = cudnn_fp8(q8, k8, v8, causal, 1.0 / d ** 0.5)
-                    res["cudnn-fp8-pertensor"] = timed(run, a.iters)
+                    (q8c, _), (k8c, _), (v8c, _) = (quantize(t, s) for t in (q, k, v))
+                    fns["cudnn-fp8-pertensor"] = cudnn_fp8(q8c, k8c, v8c, causal, 1.0 / d ** 0.5)
                 except Exception as e:  # noqa: BLE001
                     print(f"cudnn fp8: {type(e).__name__}: {e}")
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-            try:
+            cudnn_ctx = contextlib.nullcontext()
+            try:  # cuDNN's bf16 SDPA, its backend selected once around the timing (not per call)
                 from torch.nn.attention import SDPBackend, sdpa_kernel
+                cudnn_ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    res["cudnn-bf16"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal), a.iters)
+                    F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                fns["cudnn-bf16"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
             except Exception as e:  # noqa: BLE001
                 print(f"cudnn: {e}")
+            # Rounds over all impls, the order rotated each round: no impl always runs first (coldest clock).
+            names = list(fns)
+            per_round = {n: [] for n in names}
+            clock = {}
+            with cudnn_ctx:
+                for r in range(a.rounds):
+                    for n in names[r % len(names):] + names[: r % len(names)]:
+                        per_round[n].append(timed(fns[n], a.iters, sustain_ms=a.sustain_ms))
+                        try:
+                            clock[n] = torch.cuda.clock_rate()
+                        except Exception:  # noqa: BLE001 (pynvml missing)
+                            pass
+            res = {n: statistics.median(per_round[n]) for n in names}
             for impl, ms in res.items():
                 rows.append(dict(impl=impl, hdim=d, seqlen=s, batch=b, heads=h, causal=causal, ms=ms,
-                                 tflops=flops / ms / 1e9))
+                                 tflops=flops / ms / 1e9, ms_rounds=per_round[impl], rounds=a.rounds,
+                                 sustain_ms=a.sustain_ms, sm_clock_mhz=clock.get(impl)))
             line = "  ".join(f"{i} {flops / ms / 1e9:6.1f}" for i, ms in res.items())
             vt = (f"  fp8-vt/bf16 {res['flashattn-bf16'] / res['flashattn-fp8-block128-vt']:.2f}"
                   if "flashattn-fp8-block128-vt" in res else "")
