@@ -1,6 +1,5 @@
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstring>
 
 #include "api/cuda_util.h"
@@ -27,17 +26,8 @@ int device_count() {
 
 bool device_props(int device, int* cc, int* sms, char* name, size_t name_len) {
   if (sms == nullptr && (name == nullptr || name_len == 0)) {
-    // The per-call path (dispatch) needs only the compute capability: cached per device (it cannot
-    // change while the process runs), so a decode loop's calls skip two attribute queries each.
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> cc_of_device[kMaxDevices];
-    if (device >= 0 && device < kMaxDevices) {
-      const int cached = cc_of_device[device].load(std::memory_order_relaxed);
-      if (cached > 0) {
-        *cc = cached;
-        return true;
-      }
-    }
+    // The per-call path (dispatch) needs only the compute capability: attribute queries are
+    // cheap, cudaGetDeviceProperties is not.
     int major = 0, minor = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
@@ -45,7 +35,6 @@ bool device_props(int device, int* cc, int* sms, char* name, size_t name_len) {
       return false;
     }
     *cc = major * 10 + minor;
-    if (device >= 0 && device < kMaxDevices) cc_of_device[device].store(*cc, std::memory_order_relaxed);
     return true;
   }
   cudaDeviceProp p;

@@ -6,7 +6,6 @@
 #include <type_traits>
 
 #include "api/backend.h"
-#include "api/cuda_util.h"
 #include "common/error.h"
 #include "common/headdim.h"
 #include "flashattn/flashattn_experimental.h"
@@ -79,12 +78,10 @@ const char* unsupported(flashattn_dtype dtype, int headdim) {
 
 // The dispatcher already checks min_cc; this guards direct use on an older current device.
 flashattn_status check_device() {
-  int dev = 0, cc = 0;
-  const cudaError_t e = cudaGetDevice(&dev);
+  int dev = 0, major = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e != cudaSuccess) return cuda_failure(e, "sm80 device query");
-  if (!cuda::device_props(dev, &cc, nullptr, nullptr, 0))  // (cached per device)
-    return set_error(FLASHATTN_ERROR_CUDA, "sm80 device query: the compute capability of device %d", dev);
-  const int major = cc / 10;
   if (major < 8)
     return set_error(FLASHATTN_ERROR_NO_DEVICE, "options.device: %d has compute capability %d.x; sm80 needs 8.0+",
                      dev, major);
