@@ -39,6 +39,7 @@ struct Fp8Case {
   float softmax_scale = 0.f;              // 0: 1 / sqrt(d)
   bool alibi = false;                     // slopes 2^(-8 (h + 1) / hq), one per query head
   int v_scale_exp = 2;                    // V's block scales are u 2^e / 60, |e| <= this
+  int zero_scale_every = 0;               // > 0: K and V scale blocks n, 2n, ... (from block 1) are 0
 
   bool varlen() const { return !seqlens_q.empty(); }
   std::string str() const {
@@ -55,6 +56,7 @@ struct Fp8Case {
     if (softmax_scale > 0) s += " scale" + std::to_string(softmax_scale);
     if (alibi) s += " alibi";
     if (v_scale_exp != 2) s += " vscale2^+-" + std::to_string(v_scale_exp);
+    if (zero_scale_every > 0) s += " zero-scale-every" + std::to_string(zero_scale_every);
     return s;
   }
 };
@@ -120,6 +122,10 @@ struct Fp8Problem {
     scales(q_scale, size_t(c.batch) * c.hq * blocks(c.sq, c.q_block), ed);
     scales(k_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block), ed);
     scales(v_scale, size_t(c.batch) * c.hkv * blocks(c.sk, c.k_block), c.v_scale_exp == 2 ? ed : ev);
+    // Zero scales (a caller's own; the quantizer never writes 0): those keys score exactly 0 and
+    // add nothing to O, also where they are masked (a zero scale must not turn -inf into NaN).
+    if (c.zero_scale_every > 0)
+      for (size_t i = 1; i < k_scale.size(); i += size_t(c.zero_scale_every)) k_scale[i] = v_scale[i] = 0.f;
     if (c.alibi)
       for (int h = 0; h < c.hq; ++h) slopes.push_back(std::exp2(-8.f * float(h + 1) / float(c.hq)));
     out.assign(size_t(tensors_b) * rows_q * c.hq * c.d, 0x7fc1);  // NaN in fp16 and bf16

@@ -79,6 +79,10 @@ std::vector<Fp8Case> cases() {
   c.alibi = true, c.causal = true;
   v.push_back(c);  // ALiBi (bottom-right aligned), causal
   c = Fp8Case{};
+  c.batch = 2, c.sq = 113, c.sk = 799, c.hq = 2, c.hkv = 1, c.d = 32, c.k_block = 128, c.causal = true;
+  c.zero_scale_every = 3;
+  v.push_back(c);  // zero K and V scale blocks (a caller's own), causal
+  c = Fp8Case{};
   c.seqlens_q = {7, 300}, c.seqlens_k = {113, 5}, c.hq = 2, c.hkv = 1, c.d = 64, c.q_block = 128, c.k_block = 1;
   c.alibi = true, c.softcap = 3.f;
   v.push_back(c);  // ALiBi after the softcap, varlen

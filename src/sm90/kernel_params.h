@@ -74,13 +74,14 @@ struct Fp8TileScales {
   const float* k;
   const float* v;
   int q_block, k_block;  // rows per scale block
-  __device__ float q_at(int row) const { return q[row / q_block]; }
+  int q_last;            // Q's last scale block: a warpgroup's first row may lie past the sequence's end
+  __device__ float q_at(int row) const { return q[min(row / q_block, q_last)]; }
   // K's and V's: mainloop.h walks k and v by key block (Mainloop::next_scales).
 
   __device__ static Fp8TileScales make(const Fp8Scales& f, const flashattn::Shape& s, int batch, int head) {
     const int64_t kv = int64_t(batch) * s.nheads_kv + s.kv_head(head);
     return {f.q + (int64_t(batch) * s.nheads_q + head) * f.q_blocks, f.k + kv * f.k_blocks, f.v + kv * f.k_blocks,
-            f.q_block_size, f.k_block_size};
+            f.q_block_size, f.k_block_size, f.q_blocks - 1};
   }
 };
 

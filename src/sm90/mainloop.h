@@ -294,7 +294,10 @@ struct Mainloop {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     const int row0 = m_block * kBlockM, col0 = n * kBlockN;
-    if constexpr (kFp8) fp8_scales(s, w, q_s * bs.k, sm);
+    // A zero Q or K scale (the caller's: the quantizer writes >= FLT_MIN) would make a masked
+    // score -inf * 0 = NaN; 1e-30 (normal after the softmax scale, flush-to-zero is on) leaves every
+    // such score ~0 (|codes' dot| < 448^2 256).
+    if constexpr (kFp8) fp8_scales(s, w, fmaxf(q_s * bs.k, 1e-30f), sm);
     sm.apply_softcap(s);
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
