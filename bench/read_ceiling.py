@@ -228,7 +228,10 @@ void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t split
 //                address and mask setup (the tile kernel issues its first cp.async ~1000 SASS lines in)
 // and then the step's combine as a second kernel, launched plainly or as a programmatic dependent launch (PDL,
 // triggered at the ring kernel's start) as the library does.
-constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8;
+//   kLadderEpiStore / kLadderEpiMerge  the epilogue's halves alone (twenty-fifth session: kLadderEpi cost ~2 us):
+//                the fp32 partial rows stored straight from registers (no merge), or the warps' merge through
+//                smem with its two barriers and no global stores
+constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8, kLadderEpiStore = 16, kLadderEpiMerge = 32;
 
 __device__ __forceinline__ int ladder_swz(int r, int u) { return r * 256 + ((u ^ (r & 7)) << 4); }
 // ldmatrix x4 (transposed for V^T) into a, then c += a * (b0, b1) (m16n8k16, bf16 in, fp32 accumulate).
@@ -361,7 +364,7 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
     }
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
-  if (kFlags & kLadderEpi) {
+  if (kFlags & (kLadderEpi | kLadderEpiMerge)) {
     __syncthreads();
     float* red_o = reinterpret_cast<float*>(smem);  // [warp][row 8][dim 128]
     float* red_m = red_o + 4 * 8 * 128;
@@ -391,8 +394,28 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
         a += f * red_o[(w * 8 + r) * 128 + tid];
       }
       const long row = (long(split) * kHeads + head) * 8 + r;
-      o_part[row * 128 + tid] = a / l;
-      if (tid == 0) lse_part[row] = (m + log2f(l)) * 0.69314718f;
+      if (kFlags & kLadderEpi) {
+        o_part[row * 128 + tid] = a / l;
+        if (tid == 0) lse_part[row] = (m + log2f(l)) * 0.69314718f;
+      } else {
+        acc ^= __float_as_uint(a / l) ^ __float_as_uint(m + log2f(l));
+      }
+    }
+    if (!(kFlags & kLadderEpi)) {
+      acc = __reduce_xor_sync(0xffffffffu, acc);
+      if ((tid & 31) == 0 && acc == 0x9e3779b9u) sink[blockIdx.x] = acc;
+    }
+  } else if (kFlags & kLadderEpiStore) {
+    // Each warp's own (unmerged) O^T rows: thread (g, t) holds dims 16 mt + g (+ 8) of rows 2t, 2t + 1.
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const long row = ((long(split) * kHeads + head) * 8 + 2 * t + e) * 4 + warp;  // a row per (row, warp)
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        o_part[row * 128 / 4 + 16 * mt + g] = o[mt][e] / l_run[e];
+        o_part[row * 128 / 4 + 16 * mt + g + 8] = o[mt][e + 2] / l_run[e];
+      }
+      if (g == 0) lse_part[row / 4] = m_run[e] + log2f(l_run[e]);
     }
   } else {
     if (kFlags & kLadderMath) {
@@ -451,6 +474,8 @@ void read_ladder(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Te
     case 7: args(ladder_kernel<7>); break;
     case 8: args(ladder_kernel<8>); break;
     case 9: args(ladder_kernel<9>); break;
+    case 19: args(ladder_kernel<19>); break;
+    case 35: args(ladder_kernel<35>); break;
     default: args(ladder_kernel<15>); break;
   }
   if (combine == 0) return;
@@ -496,7 +521,7 @@ def main(argv=None):
     p.add_argument("--ring-splits", default="",
                    help="split counts of ring_read (the decode kernel's cp.async / bulk-copy ring without math)")
     p.add_argument("--ladder-splits", default="",
-                   help="split count of the ablation ladder (ladder_kernel: the ring plus the decode kernel's math, "
+                   help="split counts (comma-separated) of the ablation ladder (ladder_kernel: the ring plus the decode kernel's math, "
                         "dependent start, epilogue and combine, one at a time); empty: off")
     p.add_argument("--split-only", action="store_true", help="only the split patterns (no plain or torch reads)")
     p.add_argument("--out", default=None)
@@ -544,8 +569,7 @@ def main(argv=None):
                     lambda splits=splits, stages=stages, bulk=bulk: [
                         lambda x=x: ext.read_ring(x, sink, 8, splits, stages, bulk) for x in bufs])
         # The ablation ladder (ladder_kernel): the ring plus the decode kernel's pieces, one at a time.
-        if a.ladder_splits:
-            lsp = int(a.ladder_splits)
+        for lsp in [int(n) for n in a.ladder_splits.split(",") if n]:
             ldr = [dict(q=torch.randn(8 * 8 * 128, device=dev).to(torch.bfloat16),
                         keys=torch.tensor([(nbytes // 2) // (8 * 256) // 64 * 64], dtype=torch.int32, device=dev),
                         o=torch.empty(lsp * 8 * 8 * 128, device=dev), lse=torch.empty(lsp * 8 * 8, device=dev),
@@ -554,7 +578,8 @@ def main(argv=None):
                       ("+ setup chain", 8, 0), ("math + setup chain", 9, 0), ("math + dependent start", 3, 0),
                       ("math + epilogue", 5, 0), ("math + dep + epilogue", 7, 0),
                       ("math + dep + epilogue + setup", 15, 0), ("that + combine (plain launch)", 15, 1),
-                      ("that + combine (PDL)", 15, 2), ("math + dep + epilogue + combine (PDL)", 7, 2)]
+                      ("that + combine (PDL)", 15, 2), ("math + dep + epilogue + combine (PDL)", 7, 2),
+                      ("math + dep + epilogue's stores only", 19, 0), ("math + dep + epilogue's merge only", 35, 0)]
             for lname, flags, comb in ladder:
                 variants[f"ladder s{lsp} {lname}"] = (
                     lambda flags=flags, comb=comb: [
