@@ -65,7 +65,7 @@ constexpr int kv_smem_size_staged() {
 // stages (3 at hdim 128: 104 KB, 2 per SM by smem) its registers are capped for 3 (no spills).
 template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false, int kKvStages = 1>
 __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? (kKvStages > 1 ? 3 : 5)
-                                                 : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 ? 4 : 2) : 1)
+                                                 : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 && kKvStages == 1 ? 4 : 2) : 1)
     fwd_kernel(const FwdParams p, const SplitKv split, const GqaPack pack) {
   using Element = typename Kt::Element;
   constexpr int kBlockM = Kt::kBlockM;

@@ -209,13 +209,20 @@ inline bool kv_decode16(const FwdParams& p) {
 // Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages
 // (fwd_kernel's kKvStages) for tile Kt and p: K and V of two key blocks in flight on the 16-row
 // decode tile over a contiguous cache (+1-3 points of copy bandwidth on the batch-1 67 MB rows,
-// 2 CTAs per SM); one otherwise. Paged caches keep one stage: with per-row page lookups the
+// 2 CTAs per SM), and on the 32-row tile at hdim 128 (+4-20 points on the batch 8-128 rows and
+// the batch-1 32-row ones, e.g. sq4 64k GQA 64/8 77 -> 82%: 2 CTAs per SM instead of 4, but
+// contiguous blocks copied from one pointer and two blocks in flight; s26, H200); one otherwise.
+// Paged caches keep one stage (on the 32-row tile too: staged, its batch 8-128 rows ran at 55-67%
+// instead of 72-98%, s26). With per-row page lookups the
 // gathers' code made the staged paged rows 14-23 points slower (s20), and with the row offsets
 // looked up ahead (fwd_kernel's kPageLookahead) staging still cost the batch-1 rows 6-13 points
 // (its smem halves the CTAs per SM, so the split heuristic picks fewer splits; s22, H200).
 template <typename Kt, typename Fn>
 flashattn_status with_kv_stages(const FwdParams& p, Fn&& fn) {
   if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {
+    if (!p.kv.paged()) return fn(std::integral_constant<int, kKvDecodeStages>{});
+  }
+  if constexpr (Kt::kBlockM == kKvBlockM && Kt::kHeadDim == 128) {
     if (!p.kv.paged()) return fn(std::integral_constant<int, kKvDecodeStages>{});
   }
   return fn(std::integral_constant<int, 1>{});
