@@ -325,19 +325,26 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   // KV cache: K (or V) rows of key block n into dst: strided where block_is_strided (from src0, the
   // thread's block-0 source, rows `stride` apart), else gathered row by row (row(j): key j's address).
   // (slot: the paged lookahead's slot of block n.)
-  auto load_block = [&](int n, auto& dst, int valid_rows, const auto& src0, int64_t stride, const auto& row) {
+  // Paged: a block wholly below the appended rows and the sequence's end takes every row from the
+  // cache's looked-up offsets (cached_row), without the per-row end and append tests.
+  auto load_block = [&](int n, auto& dst, int valid_rows, const auto& src0, int64_t stride, const auto& row,
+                        const auto& cached_row) {
     if (block_is_strided(n)) {
       Tensor src = make_tensor(src0.data() + int64_t(n) * kBlockN * stride, src0.layout());
       copy_full_rows(gmem_tiled_copy, src, dst, tKVcKV, d, d == kHeadDim);
+    } else if (kPageLookahead && (n + 1) * kBlockN <= strided_end) {
+      gather_full_rows(gmem_tiled_copy, cached_row, n * kBlockN, dst, tKVcKV, d, d == kHeadDim);
     } else {
       gather_rows(gmem_tiled_copy, row, n * kBlockN, dst, tKVcKV, valid_rows, d);
     }
   };
   auto load_k_block = [&](int n, auto& dst, int valid_rows, int slot) {
-    load_block(n, dst, valid_rows, tKgKc, ks, [&](int j) { return k_row(j, slot); });
+    load_block(n, dst, valid_rows, tKgKc, ks, [&](int j) { return k_row(j, slot); },
+               [&](int j) { return cache_row(p.k, p.k_stride, 0, slot, j); });
   };
   auto load_v_block = [&](int n, auto& dst, int valid_rows, int slot) {
-    load_block(n, dst, valid_rows, tVgVc, vs, [&](int j) { return v_row(j, slot); });
+    load_block(n, dst, valid_rows, tVgVc, vs, [&](int j) { return v_row(j, slot); },
+               [&](int j) { return cache_row(p.v, p.v_stride, 1, slot, j); });
   };
   // Staged: stage s's K and V tiles, element offsets from sK and sV (stage 0 is sK/sV themselves).
   auto stage_k = [&](int s) { return s == 0 ? 0 : kv_stage_offset<Kt>(s) - int(size(sQ)); };
