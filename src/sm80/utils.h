@@ -143,26 +143,6 @@ __device__ __forceinline__ void copy_full_rows(TiledCopy const& tiled_copy, TS c
 // copy_rows for a tile whose rows have addresses of their own (KV cache: pages, or cache rows
 // through batch_idx/leftpad): tile row r of D comes from row_ptr(row0 + r), a pointer to its
 // column 0. Rows from valid_rows on and columns from valid_cols on are zeroed.
-// gather_rows for a tile whose every row is valid: no row predicate; columns as copy_full_rows.
-template <typename TiledCopy, typename RowPtr, typename TD, typename TC>
-__device__ __forceinline__ void gather_full_rows(TiledCopy const& tiled_copy, RowPtr const& row_ptr, int row0, TD& D,
-                                                 TC const& C, int valid_cols, bool all_cols) {
-#pragma unroll
-  for (int m = 0; m < size<1>(D); ++m) {
-    const auto* src_row = row_ptr(row0 + get<0>(C(0, m, 0)));
-#pragma unroll
-    for (int k = 0; k < size<2>(D); ++k) {
-      const int c = get<1>(C(0, m, k));
-      if (all_cols || c < valid_cols) {
-        Tensor src = make_tensor(make_gmem_ptr(src_row + c), make_layout(shape(D(_, m, k))));
-        cute::copy(tiled_copy, src, D(_, m, k));
-      } else {
-        cute::clear(D(_, m, k));
-      }
-    }
-  }
-}
-
 template <typename TiledCopy, typename RowPtr, typename TD, typename TC>
 __device__ __forceinline__ void gather_rows(TiledCopy const& tiled_copy, RowPtr const& row_ptr, int row0, TD& D,
                                             TC const& C, int valid_rows, int valid_cols) {
@@ -183,6 +163,26 @@ __device__ __forceinline__ void gather_rows(TiledCopy const& tiled_copy, RowPtr 
       }
     } else {
       cute::clear(D(_, m, _));
+    }
+  }
+}
+
+// gather_rows for a tile whose every row is valid: no row predicate; columns as copy_full_rows.
+template <typename TiledCopy, typename RowPtr, typename TD, typename TC>
+__device__ __forceinline__ void gather_full_rows(TiledCopy const& tiled_copy, RowPtr const& row_ptr, int row0, TD& D,
+                                                 TC const& C, int valid_cols, bool all_cols) {
+#pragma unroll
+  for (int m = 0; m < size<1>(D); ++m) {
+    const auto* src_row = row_ptr(row0 + get<0>(C(0, m, 0)));
+#pragma unroll
+    for (int k = 0; k < size<2>(D); ++k) {
+      const int c = get<1>(C(0, m, k));
+      if (all_cols || c < valid_cols) {
+        Tensor src = make_tensor(make_gmem_ptr(src_row + c), make_layout(shape(D(_, m, k))));
+        cute::copy(tiled_copy, src, D(_, m, k));
+      } else {
+        cute::clear(D(_, m, k));
+      }
     }
   }
 }
