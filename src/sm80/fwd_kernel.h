@@ -62,7 +62,8 @@ constexpr int kv_smem_size_staged() {
 // are then one DRAM round trip, not two per block. The stages past the first sit after the
 // kernel's other smem (kv_smem_size).
 // The 16-row decode tile (kv_decode16) is held to 5 per SM up to hdim 128 (its smem allows 5); with
-// stages (3 at hdim 128: 104 KB, 2 per SM by smem) its registers are capped for 3 (no spills).
+// stages (3 at hdim 128: 104 KB, 2 per SM by smem; 4 past 32 pairs: 1 per SM) its registers are
+// capped for 3 (no spills).
 template <typename Kt, bool kAllCols, bool kKvCache = false, bool kPageLookahead = false, int kKvStages = 1>
 __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 && Kt::kHeadDim <= 128 ? (kKvStages > 1 ? 3 : 5)
                                                  : kKvCache && Kt::kBlockM <= 32 ? (Kt::kHeadDim <= 128 && kKvStages == 1 ? 4 : 2) : 1)
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(Kt::kNThreads, kKvCache && Kt::kBlockM <= 16 &
   // staged decode tile miss its instruction cache (s20). A kernel of its own: as a runtime branch
   // in the contiguous kernel it cost that kernel 20% (prefill, H100).
   static_assert(!kPageLookahead || kKvCache);
-  static_assert(Kt::kSmemSize % 8 == 0 && kKvStages <= kKvPageSlots);
+  static_assert(Kt::kSmemSize % 8 == 0 && (!kPageLookahead || kKvStages <= kKvPageSlots));
   int64_t* s_row_off = kPageLookahead ? reinterpret_cast<int64_t*>(smem_ + Kt::kSmemSize) : nullptr;  // [slot][K, V][kBlockN]
   constexpr bool kStaged = kKvStages > 1;
   static_assert(!kStaged || (kKvCache && Kt::kWarpsN > 1));

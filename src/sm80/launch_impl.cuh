@@ -156,13 +156,17 @@ flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots
   return FLASHATTN_SUCCESS;
 }
 
+// Whether a paged cache's kernel exists with kStages (its row-offset slots bound the stages;
+// with_kv_stages gives paged caches one stage, so deeper rings are contiguous-only).
+template <int kStages>
+constexpr bool kv_paged_stages_ok() { return kStages <= kKvPageSlots; }
+
 // The plan of a KV-cache forward on tile Kt. The smem opt-in and the occupancy query run once per
 // device: a decode loop calls this twice per step (workspace size, then the launch), and the
 // occupancy query costs microseconds of host time.
 template <typename Kt, int kStages>
 flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   auto kernel = fwd_kernel<Kt, false, true, false, kStages>;
-  auto paged_kernel = fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>;
   constexpr int kSmem = kv_smem_size_staged<Kt, kStages>();
   constexpr int kMaxDevices = 64;
   static std::atomic<int> slots_of_device[kMaxDevices];
@@ -172,7 +176,11 @@ flashattn_status kv_plan_with(const FwdParams& p, KvPlan* plan) {
   int slots = dev < kMaxDevices ? slots_of_device[dev].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
     flashattn_status s = prepare_smem(kernel, kSmem, "KV-cache forward", Kt::kHeadDim);
-    if (s == FLASHATTN_SUCCESS) s = prepare_smem(paged_kernel, kSmem, "KV-cache forward", Kt::kHeadDim);
+    if constexpr (kv_paged_stages_ok<kStages>()) {
+      if (s == FLASHATTN_SUCCESS)
+        s = prepare_smem(fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>, kSmem, "KV-cache forward",
+                         Kt::kHeadDim);
+    }
     if (s == FLASHATTN_SUCCESS) s = resident_slots(kernel, Kt::kNThreads, kSmem, &slots);
     if (s != FLASHATTN_SUCCESS) return s;
     if (dev < kMaxDevices) slots_of_device[dev].store(slots, std::memory_order_relaxed);
@@ -192,18 +200,26 @@ using KvPrefillTraits = FwdTraits<E, D, 64, kKvBlockN, 4>;
 // block of the 32-row tile when a kv head's rows (GQA-packed) fit in 16. Head dims that are
 // multiples of 64 (each warp's share of the head dim a whole MMA tile). Only for few (sequence,
 // kv head) pairs, where split-KV makes the grid: there it measured +1-4 points of copy bandwidth
-// (batch 1: GQA 32/8 and 64/8, MHA 32/32), while at batch 8 with 8 kv heads it lost 3-6
-// (perf-notes, nineteenth session).
+// (batch 1: GQA 32/8 and 64/8, MHA 32/32), while at batch 8 with 8 kv heads it lost 3-6 (s19,
+// before its ring and the interleaved splits). Up to 64 pairs over a contiguous cache at hdim 128:
+// with 4 stages there (below) the batch-8 GQA rows gained 2-5 points over the 32-row tile (s27,
+// H200); paged caches keep 32 (their sq4 batch-8 rows lost 4 points on it).
 template <typename E, int D>
 using KvDecode16Traits = FwdTraits<E, D, 16, kKvBlockN, 4, /*kWarpsN=*/4>;
 constexpr int kKvDecode16MaxPairs = 32;
-constexpr int kKvDecodeStages = 3;  // with_kv_stages
-inline bool kv_decode16(const FwdParams& p) {
+constexpr int kKvDecode16MaxPairsWide = 64;  // contiguous cache, hdim 128
+constexpr int kKvDecodeStages = 3;           // with_kv_stages
+constexpr int kKvDecode16WideStages = 4;     // the 16-row tile past kKvDecode16MaxPairs pairs
+inline int64_t kv_pairs(const FwdParams& p) {  // (sequence, kv head) pairs: the tiles before splitting
   const flashattn::Shape& sh = p.shape;
-  const bool packs = kv_may_pack(p);
-  const int rows = sh.seqlen_q * (packs ? sh.group_size() : 1);
-  const int64_t pairs = int64_t(sh.batch) * (packs ? sh.nheads_kv : sh.nheads_q);
-  return rows <= 16 && pairs <= kKvDecode16MaxPairs;
+  return int64_t(sh.batch) * (kv_may_pack(p) ? sh.nheads_kv : sh.nheads_q);
+}
+template <int kHeadDim>
+bool kv_decode16(const FwdParams& p) {
+  const flashattn::Shape& sh = p.shape;
+  const int rows = sh.seqlen_q * (kv_may_pack(p) ? sh.group_size() : 1);
+  const bool wide = kHeadDim == 128 && !p.kv.paged();
+  return rows <= 16 && kv_pairs(p) <= (wide ? kKvDecode16MaxPairsWide : kKvDecode16MaxPairs);
 }
 
 // Calls fn(std::integral_constant<int, stages>) with the KV-cache kernel's cp.async stages
@@ -217,8 +233,15 @@ inline bool kv_decode16(const FwdParams& p) {
 // gathers' code made the staged paged rows 14-23 points slower (s20), and with the row offsets
 // looked up ahead (fwd_kernel's kPageLookahead) staging still cost the batch-1 rows 6-13 points
 // (its smem halves the CTAs per SM, so the split heuristic picks fewer splits; s22, H200).
+// Past kKvDecode16MaxPairs pairs (batch >= 5 with 8 kv heads) the 16-row tile at hdim 128 takes 4
+// stages, one CTA per SM by smem: +0-4 points over 3 stages on the batch-8 rows, while at batch 1
+// a deeper ring (5) lost 7 points (s27, H200).
 template <typename Kt, typename Fn>
 flashattn_status with_kv_stages(const FwdParams& p, Fn&& fn) {
+  if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim == 128) {
+    if (!p.kv.paged() && kv_pairs(p) > kKvDecode16MaxPairs)
+      return fn(std::integral_constant<int, kKvDecode16WideStages>{});
+  }
   if constexpr (Kt::kBlockM == 16 && Kt::kHeadDim <= 128) {
     if (!p.kv.paged()) return fn(std::integral_constant<int, kKvDecodeStages>{});
   }
@@ -235,7 +258,7 @@ flashattn_status with_kv_tile(const FwdParams& p, Fn&& fn) {
     if (kv_prefill_tile(p)) return fn(KvPrefillTraits<Element, kHeadDim>{});
   }
   if constexpr (kHeadDim % 64 == 0 && kHeadDim <= 128) {
-    if (kv_decode16(p)) return fn(KvDecode16Traits<Element, kHeadDim>{});
+    if (kv_decode16<kHeadDim>(p)) return fn(KvDecode16Traits<Element, kHeadDim>{});
   }
   return fn(KvFwdTraits<Element, kHeadDim>{});
 }
@@ -286,8 +309,12 @@ flashattn_status run_fwd_kv_with(const FwdParams& p, void* workspace, cudaStream
   // 2. Attention (appending itself where the prepass did not), each split writing its partial
   // results (or out itself without splits).
   if (grid.x == 0) return FLASHATTN_SUCCESS;
-  auto kernel = a.kv.paged() ? fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>
-                              : fwd_kernel<Kt, false, true, false, kStages>;
+  auto kernel = fwd_kernel<Kt, false, true, false, kStages>;
+  if constexpr (kv_paged_stages_ok<kStages>()) {
+    if (a.kv.paged()) kernel = fwd_kernel<Kt, false, true, kv_page_lookahead<Kt>(), kStages>;
+  } else if (a.kv.paged()) {
+    return set_error(FLASHATTN_ERROR_INTERNAL, "block_table: no paged KV-cache kernel with %d stages", kStages);
+  }
   kernel<<<grid, Kt::kNThreads, kv_smem_size_staged<Kt, kStages>(), stream>>>(a, plan.split, pack);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure(e, "sm80 kv fwd launch");
   // 3. The splits merged into out and the LSE (in the layout the attention kernel saw).
