@@ -300,6 +300,32 @@ TEST_P(GpuKvCache, LongDecodeSplits) {
   run_gpu_case(c, fresh_seed(), GetParam());
 }
 
+// A batch of GQA decode steps with 33-64 (sequence, kv head) pairs: over a contiguous hdim-128 cache
+// the sm80 path's 16-row tile with its 4-stage ring (launch_impl.cuh, kv_decode16), paged the 32-row
+// tile; ragged lengths (an empty cache, 1, 7, ..., past one key block), appends, causal and not.
+TEST_P(GpuKvCache, BatchedGqaDecodeWideTile) {
+  std::string why;
+  if (!have_gpu_path(GetParam(), &why)) GTEST_SKIP() << why;
+  for (int page_size : {0, 16}) {
+    for (int sq : {1, 4}) {
+      KvCase c;
+      c.dtype = sq == 1 ? FLASHATTN_DTYPE_BF16 : FLASHATTN_DTYPE_FP16;
+      c.page_size = page_size;
+      c.batch = 7;  // 56 pairs
+      c.sq = sq;
+      c.hq = 32;
+      c.hkv = 8;
+      c.d = 128;
+      c.capacity = 4200;
+      c.cache_lens = {0, 1, 7, 113, 799, 4097 - sq, 2500};
+      c.seqlen_new = sq;
+      c.causal = sq > 1;
+      run_gpu_case(c, fresh_seed(), GetParam());
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GpuKvCache,
                          ::testing::Values(FLASHATTN_BACKEND_AUTO, FLASHATTN_BACKEND_SM80),
                          [](const ::testing::TestParamInfo<flashattn_backend>& i) {
