@@ -184,6 +184,9 @@ std::vector<Fp8Case> gpu_cases() {
   c.d = 256, c.window_left = 200, c.window_right = 0, c.causal = false, c.zero_scale_every = 2;
   v.push_back(c);  // the same at hdim 256 with a window
   c = Fp8Case{};
+  c.batch = 2, c.sq = 300, c.sk = 1000, c.hq = 4, c.hkv = 2, c.d = 128, c.zero_scale_every = 3;
+  v.push_back(c);  // zero scale blocks without a mask: the unmasked key blocks' path
+  c = Fp8Case{};
   c.batch = 2, c.sq = 300, c.sk = 1031, c.hq = 4, c.hkv = 2, c.d = 64, c.causal = true, c.softmax_scale = 0.3f;
   v.push_back(c);  // hdim 64 (V's 64-byte swizzle in the transpose), causal, sharp, GQA
   c = Fp8Case{};
