@@ -2,7 +2,7 @@
 //
 //   flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim 128]
 //                   [--seqlen 4096] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16|fp8]
-//                   [--fp8-v rows|keys_permuted16] [--iters 10] [--sweep] [--json FILE]
+//                   [--fp8-v rows|keys_permuted16] [--fp8-scales block|head] [--iters 10] [--sweep] [--json FILE]
 //                   [--no-pingpong] [--no-overlap] [--ablation]
 //
 // FLOPs (FlashAttention's convention): fwd 4*b*h*sq*sk*d, halved when causal; bwd 2.5x fwd;
@@ -16,7 +16,8 @@
 // with one off exist only in a library configured with -DFLASHATTN_SM90_ABLATION=ON.
 // --dtype fp8 (forward, GPU): q, k, v drawn in bf16 as for the other dtypes, quantized to E4M3 with
 // 128-token block scales by flashattn_fp8_quantize (not timed), O in bf16; --fp8-v keys_permuted16
-// passes V as V^T (fp8_v_layout; built on the host, not timed), impl "<impl>+fp8" or "+fp8vt".
+// passes V as V^T (fp8_v_layout; built on the host, not timed), impl "<impl>+fp8" or "+fp8vt";
+// --fp8-scales head: one scale per (batch, head) instead (impl suffix "/head-scales").
 // Without CUDA (or with --backend cpu) it times the CPU path on a couple of small shapes and
 // checks it against the reference path (the "CPU demo").
 #include <algorithm>
@@ -39,7 +40,7 @@
 namespace {
 
 struct Config {
-  std::string backend = "auto", mode = "fwd", dtype = "bf16", json, fp8_v = "rows";
+  std::string backend = "auto", mode = "fwd", dtype = "bf16", json, fp8_v = "rows", fp8_scales = "block";
   int hdim = 128, seqlen = 4096, batch = 0, nheads = 0, iters = 10;
   bool causal = false, sweep = false;
   bool pingpong = true, overlap = true, ablation = false;  // sm90 forward switches
@@ -56,7 +57,7 @@ struct Row {
   std::fprintf(stderr,
                "%s\nusage: flashattn-bench [--backend sm80|sm90|auto|cpu] [--mode fwd|bwd|fwdbwd] [--hdim D]\n"
                "       [--seqlen S] [--batch B] [--nheads H] [--causal] [--dtype bf16|fp16|fp8] [--iters N]\n"
-               "       [--fp8-v rows|keys_permuted16] [--sweep] [--json FILE] [--no-pingpong] [--no-overlap]\n"
+               "       [--fp8-v rows|keys_permuted16] [--fp8-scales block|head] [--sweep] [--json FILE] [--no-pingpong] [--no-overlap]\n"
                "       [--ablation]\n",
                why);
   std::exit(2);
@@ -75,6 +76,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--dtype") c.dtype = val();
     else if (a == "--json") c.json = val();
     else if (a == "--fp8-v") c.fp8_v = val();
+    else if (a == "--fp8-scales") c.fp8_scales = val();
     else if (a == "--hdim") c.hdim = std::atoi(val().c_str());
     else if (a == "--seqlen") c.seqlen = std::atoi(val().c_str());
     else if (a == "--batch") c.batch = std::atoi(val().c_str());
@@ -95,6 +97,8 @@ Config parse(int argc, char** argv) {
   if (c.fp8_v != "rows" && c.fp8_v != "keys_permuted16") usage("--fp8-v: rows or keys_permuted16");
   if (c.dtype == "fp8" && c.mode != "fwd") usage("--dtype fp8: forward only (--mode fwd)");
   if (c.dtype != "fp8" && c.fp8_v != "rows") usage("--fp8-v: only with --dtype fp8");
+  if (c.fp8_scales != "block" && c.fp8_scales != "head") usage("--fp8-scales: block or head");
+  if (c.dtype != "fp8" && c.fp8_scales != "block") usage("--fp8-scales: only with --dtype fp8");
   if (c.backend != "sm80" && c.backend != "sm90" && c.backend != "auto" && c.backend != "cpu")
     usage("--backend: sm80, sm90, auto or cpu");
   return c;
@@ -164,12 +168,14 @@ double median(std::vector<double> v) {
   } while (0)
 
 // FP8 inputs for bench_gpu: q, k, v (bf16, on the device) quantized to E4M3 with 128-token block
-// scales into fp8_buf (3 x n bytes) and scale_buf (3 x b h blocks floats); with keys_permuted16, V
+// scales (--fp8-scales head: one per (batch, head), FA3's descales) into fp8_buf (3 x n bytes) and
+// scale_buf (3 x b h blocks floats); with keys_permuted16, V
 // rewritten on the host as V^T, keys permuted in groups of 16 (flashattn.h), into vt (b h d L bytes).
 bool prepare_fp8(const Config& c, int b, int h, int s, int d, void* const (&x)[3], uint8_t* fp8_buf,
                  float* scale_buf, uint8_t** vt, flashattn_fwd_params* f) {
   const size_t n = size_t(b) * s * h * d;
-  const int blocks = (s + 127) / 128;
+  const int block = c.fp8_scales == "head" ? s : 128;
+  const int blocks = (s + block - 1) / block;
   const size_t nscale = size_t(b) * h * blocks;
   for (int i = 0; i < 3; ++i) {
     flashattn_fp8_quantize_params qp = flashattn_fp8_quantize_params_init();
@@ -177,7 +183,7 @@ bool prepare_fp8(const Config& c, int b, int h, int s, int d, void* const (&x)[3
     qp.x = tensor(x[i], b, s, h, d);
     qp.x_fp8 = tensor(fp8_buf + i * n, b, s, h, d);
     qp.scales = scale_buf + i * nscale;
-    qp.block_size = 128;
+    qp.block_size = block;
     qp.options.device = 0;
     if (flashattn_fp8_quantize(&qp, nullptr) != FLASHATTN_SUCCESS) {
       std::fprintf(stderr, "  fp8 quantize: %s\n", flashattn_last_error());
@@ -187,7 +193,7 @@ bool prepare_fp8(const Config& c, int b, int h, int s, int d, void* const (&x)[3
   f->dtype = FLASHATTN_DTYPE_FP8_E4M3;
   f->q = tensor(fp8_buf, b, s, h, d), f->k = tensor(fp8_buf + n, b, s, h, d), f->v = tensor(fp8_buf + 2 * n, b, s, h, d);
   f->fp8.q_scale = scale_buf, f->fp8.k_scale = scale_buf + nscale, f->fp8.v_scale = scale_buf + 2 * nscale;
-  f->fp8.q_block_size = f->fp8.k_block_size = 128;
+  f->fp8.q_block_size = f->fp8.k_block_size = block;
   f->fp8.out_dtype = FLASHATTN_DTYPE_BF16;
   if (c.fp8_v == "keys_permuted16") {
     const int64_t len = (int64_t(s) + 15) / 16 * 16;
@@ -408,7 +414,8 @@ int main(int argc, char** argv) {
     shapes.push_back({b, h, c.seqlen, c.hdim, c.causal});
   }
   const std::string impl =
-      impl_name(c.backend) + (c.dtype != "fp8" ? "" : c.fp8_v == "rows" ? "+fp8" : "+fp8vt");
+      impl_name(c.backend) + (c.dtype != "fp8" ? "" : c.fp8_v == "rows" ? "+fp8" : "+fp8vt") +
+      (c.dtype == "fp8" && c.fp8_scales == "head" ? "/head-scales" : "");
   struct Variant {
     bool pingpong, overlap;
   };

@@ -226,6 +226,11 @@ std::vector<Fp8Case> vt_cases() {
   v.push_back(c);  // one key: 15 of the group's 16 positions are padding
   c.sk = 137, c.sq = 129, c.d = 64, c.causal = true, c.softmax_scale = 0.5f;
   v.push_back(c);  // a partial last tile and group at hdim 64, sharp
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 300, c.sk = 2049, c.hq = 4, c.hkv = 2, c.d = 128, c.q_block = 320, c.k_block = 4096;
+  v.push_back(c);  // one scale per (batch, head), FA3's descales, unmasked: key blocks past 128 may serve it
+  c.batch = 1, c.sq = 129, c.sk = 191, c.softmax_scale = 0.3f;
+  v.push_back(c);  // the same with fewer keys than such a block
   return v;
 }
 
