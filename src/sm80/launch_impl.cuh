@@ -156,10 +156,11 @@ flashattn_status resident_slots(Kernel kernel, int threads, int smem, int* slots
   return FLASHATTN_SUCCESS;
 }
 
-// Whether a paged cache's kernel exists with kStages (its row-offset slots bound the stages;
-// with_kv_stages gives paged caches one stage, so deeper rings are contiguous-only).
+// Whether a paged cache's kernel is built with kStages: with_kv_stages gives paged caches one
+// stage (their staged kernels measured 6-40 points slower), so the staged ones are contiguous-only
+// and no paged kernel is compiled beside them.
 template <int kStages>
-constexpr bool kv_paged_stages_ok() { return kStages <= kKvPageSlots; }
+constexpr bool kv_paged_stages_ok() { return kStages == 1; }
 
 // The plan of a KV-cache forward on tile Kt. The smem opt-in and the occupancy query run once per
 // device: a decode loop calls this twice per step (workspace size, then the launch), and the
