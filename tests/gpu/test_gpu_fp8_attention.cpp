@@ -228,9 +228,13 @@ std::vector<Fp8Case> vt_cases() {
   v.push_back(c);  // a partial last tile and group at hdim 64, sharp
   c = Fp8Case{};
   c.batch = 2, c.sq = 300, c.sk = 2049, c.hq = 4, c.hkv = 2, c.d = 128, c.q_block = 320, c.k_block = 4096;
-  v.push_back(c);  // one scale per (batch, head), FA3's descales, unmasked: key blocks past 128 may serve it
-  c.batch = 1, c.sq = 129, c.sk = 191, c.softmax_scale = 0.3f;
-  v.push_back(c);  // the same with fewer keys than such a block
+  v.push_back(c);  // one scale per (batch, head), FA3's descales, unmasked: where a key block wider than 128 may serve
+  c.batch = 1, c.sq = 129, c.sk = 2113, c.softmax_scale = 0.3f, c.softcap = 4.f, c.per_tensor = true;
+  v.push_back(c);  // 2113 = 11 x 192 + 1 = 16 x 128 + 65 keys: a short last block either way; softcap; per tensor
+  c.sk = 191, c.softcap = 0.f, c.per_tensor = false;
+  v.push_back(c);  // fewer keys than one 192-key block
+  c.sk = 4099, c.out_dtype = FLASHATTN_DTYPE_FP16, c.hq = 8, c.hkv = 1, c.d = 64;
+  v.push_back(c);  // hdim 64 keeps 128-key blocks with per-head scales; GQA 8, fp16 out
   return v;
 }
 
