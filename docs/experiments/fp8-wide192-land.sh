@@ -4,7 +4,7 @@
 # hdim 128), then the whole GPU suite, then racecheck on the wide V^T cases. Carry: build-dev/binw, build-dev/basebench,
 # this script (not .deps: nothing is built). Logs come back as $OUT/wide-land.tgz.
 set -uo pipefail
-cd "$(git rev-parse --show-toplevel)"
+cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=/tmp/wl; mkdir -p $L
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee $L/gpu.txt
 cat build-dev/binw/pack.part.* | tar xzf - || exit 1
