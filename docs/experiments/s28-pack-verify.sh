@@ -5,11 +5,12 @@
 # the device uses. build-dev/basebench (git-ignored) is the base bench (sm90-only, hdim 128) of 37060bc, whose src/
 # equals fbb2a93's. Steps: A/B rows (bf16 hdim-128 and FP8) base vs new, the whole GPU suite, racecheck on the
 # kernels the two diffs touch. Carry build-dev/binx, build-dev/basebench and this script (no .deps).
+# PACK=build-dev/binw: the device's own full-build pack of 37060bc + fp8-wide192.diff alone (carry it instead).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=/tmp/pv; mkdir -p $L
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee $L/gpu.txt
-cat build-dev/binx/pack.part.* | tar xzf - || exit 1
+cat ${PACK:-build-dev/binx}/pack.part.* | tar xzf - || exit 1
 export LD_LIBRARY_PATH=$PWD/build-gpu  # the pack's RUNPATH names the build machine's directory
 T=build-gpu/tests/gpu/flashattn_gpu_tests
 R=$L/rows.txt
