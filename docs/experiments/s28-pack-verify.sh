@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call, no build, for docs/experiments/fp8-wide192.diff + sm90-epilogue-elected-leader.diff together:
+# One device call, no build, for docs/experiments/fp8-wide192.diff + sm90-epilogue-elected-leader.diff +
+# sm90-bwd-uniform-leaders.diff together:
 # build-dev/binx/pack.part.* (git-ignored) is a full build (every head dim; sm80 path as sm_90 SASS + sm90a, as
-# scripts/gpu-check builds on an H100/H200) of fbb2a93 + both diffs, made on the s28 VM with the same nvcc (13.0.88)
+# scripts/gpu-check builds on an H100/H200) of fbb2a93 + the three diffs, made on the s28 VM with the same nvcc (13.0.88)
 # the device uses. build-dev/basebench (git-ignored) is the base bench (sm90-only, hdim 128) of 37060bc, whose src/
-# equals fbb2a93's. Steps: A/B rows (bf16 hdim-128 and FP8) base vs new, the whole GPU suite, racecheck on the
+# equals fbb2a93's. Steps: A/B rows (bf16 hdim-128 forward and backward, FP8) base vs new, the whole GPU suite, racecheck on the
 # kernels the two diffs touch. Carry build-dev/binx, build-dev/basebench and this script (no .deps).
 # PACK=build-dev/binw: the device's own full-build pack of 37060bc + fp8-wide192.diff alone (carry it instead).
 set -uo pipefail
@@ -25,6 +26,7 @@ for r in 1 2; do
     for s in 4096 16384; do run $v fp8head --seqlen $s --dtype fp8 --fp8-v keys_permuted16 --fp8-scales head; done
     run $v fp8head --seqlen 4096 --causal --dtype fp8 --fp8-v keys_permuted16 --fp8-scales head
     run $v fp8block --seqlen 16384 --dtype fp8 --fp8-v keys_permuted16
+    [ -n "${BWD:-1}" ] && { run $v bwd --seqlen 4096 --mode bwd; run $v bwd --seqlen 4096 --causal --mode bwd; }
   done
   echo "round $r t=$(( $(date +%s) - t0 ))"
 done
