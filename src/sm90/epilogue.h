@@ -116,7 +116,7 @@ struct Epilogue {
     }
 
     if constexpr (kTmaStoreO) {
-      const int wg = mma_tidx / 128;
+      const int wg = warpgroup_of(mma_tidx);
       const bool varlen = p.cu_seqlens_q != nullptr;
       if (!w.empty() && (!varlen || row0 + wg * 64 + 64 <= w.seq.seqlen_q)) {
         store_tma(ep, p, ss.o(), t, w, tOrO, mma_tidx);
@@ -128,16 +128,26 @@ struct Epilogue {
 
   // Before the CTA exits: smem must outlive the reads of the last TMA store.
   __device__ static void finish(int mma_tidx) {
-    if (mma_tidx % 128 == 0) cute::tma_store_wait<0>();
+    if (is_store_leader(mma_tidx)) cute::tma_store_wait<0>();
   }
 
  private:
+  // The TMA-store thread of a warpgroup: one elected lane of its first warp, the same lane every time
+  // (elect.sync is deterministic for a full mask), so the thread that waits on a bulk group is the one
+  // that committed it. Warp-uniform tests (a shuffled warp index, elect.sync) rather than
+  // mma_tidx % 128 == 0: with a per-thread test here ptxas compiled the consumers' whole tile loop as
+  // divergent and kept the pipeline state and WGMMA descriptors in vector registers (perf-notes s28).
+  __device__ static int warpgroup_of(int mma_tidx) { return __shfl_sync(0xffffffffu, mma_tidx / 128, 0); }
+  __device__ static bool is_store_leader(int mma_tidx) {
+    return __shfl_sync(0xffffffffu, mma_tidx % 128 / 32, 0) == 0 && cute::elect_one_sync();
+  }
+
   template <class TensorO>
   __device__ static void store_tma(const Params& ep, const FwdParams& p, Element* smem_o, const TileCoord& t,
                                    const TileWork& w, TensorO& tOrO, int mma_tidx) {
     using namespace cute;
-    const int wg = mma_tidx / 128;
-    const bool leader = mma_tidx % 128 == 0;
+    const int wg = warpgroup_of(mma_tidx);
+    const bool leader = is_store_leader(mma_tidx);
     typename Traits::TiledMmaPV mma_pv;
     if (leader) tma_store_wait<0>();  // this warpgroup's previous store has read its slice
     named_barrier_sync(kBarrierEpilogueBase + wg, 128);
