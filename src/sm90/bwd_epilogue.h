@@ -108,7 +108,8 @@ struct BwdEpilogue {
     copy(r2s, thr.retile_S(rdV), thr.partition_D(sdV));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to TMA
     named_barrier_sync(kBwdBarrierEpilogue, Traits::kNumMmaThreads);
-    if (mma_tidx == 0) {
+    // One elected lane of the first consumer warp issues and waits on the stores (warp-uniform tests: perf-notes s28).
+    if (__shfl_sync(0xffffffffu, mma_tidx / 32, 0) == 0 && cute::elect_one_sync()) {
       const int b = ep.varlen ? 0 : batch;
       const auto origin = make_coord(int32_t(seq.k_offset), _0{});
       Tensor gdK = local_tile(domain_offset(origin, ep.tma_dk.get_tma_tensor(ep.shape_k)(_, _, kv_head, b)), TileKV{},

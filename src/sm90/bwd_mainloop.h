@@ -275,7 +275,9 @@ struct BwdMainloop {
     auto thr_dv = mma_dv.get_thread_slice(mma_tidx);
     auto thr_dk = mma_dk.get_thread_slice(mma_tidx);
     auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
-    const int wg = mma_tidx / 128;
+    // Warp-uniform to ptxas (a shuffle from lane 0), like every test below that picks warps: a per-thread
+    // test here made ptxas compile the consumers' loop as divergent (perf-notes s28).
+    const int wg = __shfl_sync(0xffffffffu, mma_tidx / 128, 0);
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});
@@ -323,7 +325,7 @@ struct BwdMainloop {
 
     if (w.steps() == 0) return;  // no query reaches these keys: dK = dV = 0
     // The writer warp's first "slice free" is this warpgroup's own arrival.
-    if (Traits::kDqBulkReduce && mma_tidx % 128 < 32)
+    if (Traits::kDqBulkReduce && __shfl_sync(0xffffffffu, mma_tidx % 128 / 32, 0) == 0)
       named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
     cutlass::arch::ClusterTransactionBarrier::wait(&bs.kv_full, 0);
 
