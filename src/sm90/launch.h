@@ -49,6 +49,9 @@ flashattn_status launch_fwd_with(const FwdParams& f, cudaStream_t stream, const 
 // (sustained load, H100): +3% at 8k-16k, equal at 4k, 5-12% slower at 512-2k, where the
 // partial last block (2048 = 11.6 x 176) and the per-tile work weigh more.
 constexpr int kWideBlockMinSeqlenK = 8192;
+// FP8's wide block from 2k keys: below that its padded last block (up to 191 keys) costs more
+// than the per-block savings.
+constexpr int kWideFp8BlockMinSeqlenK = 2048;
 
 // One (head dim, dtype, schedule) instantiation: the default key block, and the unmasked
 // long-sequence one where the head dim has a different one. Sched: the production schedule
@@ -63,12 +66,21 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
-// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): one key block (tile_shapes.h TileConfigFp8);
+// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): 128-key blocks, or the wide unmasked block with
+// one K/V scale per head (tile_shapes.h TileConfigFp8);
 // V's rows transposed in the kernel, or V^T given (fp8_v_layout keys_permuted16).
 template <int kHeadDim, class ElementOut>
 flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
-  constexpr int kBlockN = TileConfigFp8<kHeadDim>::kBlockN;
+  using Cfg = TileConfigFp8<kHeadDim>;
+  constexpr int kBlockN = Cfg::kBlockN;
   using E = cutlass::float_e4m3_t;
+  if constexpr (Cfg::kBlockNUnmasked != kBlockN) {
+    // One K/V scale per head (k_blocks == 1): the wide block never straddles two scale blocks.
+    if (f.fp8.v_keys_permuted16 && f.fp8.k_blocks == 1 && !masked_problem(f) &&
+        f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK)
+      return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(
+          f, stream, opt);
+  }
   if (f.fp8.v_keys_permuted16)
     return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(f, stream, opt);
   return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut>, Schedule<>>(f, stream, opt);

@@ -101,8 +101,9 @@ struct Mainloop {
   float q_s;
   int k_idx, k_rem;  // the next key block's scale block, and its first key's offset in it
 
-  static_assert(!kFp8 || kBlockN == 128,
-                "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale)");
+  static_assert(!kFp8 || kBlockN == 128 || kBlockN == Traits::Cfg::kBlockNUnmasked,
+                "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale); "
+                "a wider FP8 block runs only with one K/V scale per head (launch.h)");
   // The K and V scales of one key block (FP8; 1 for 16-bit).
   struct BlockScales {
     float k = 1.f, v = 1.f;
