@@ -75,9 +75,11 @@ flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const L
   constexpr int kBlockN = Cfg::kBlockN;
   using E = cutlass::float_e4m3_t;
   if constexpr (Cfg::kBlockNUnmasked != kBlockN) {
-    // One K/V scale per head (k_blocks == 1): the wide block never straddles two scale blocks.
-    if (f.fp8.v_keys_permuted16 && f.fp8.k_blocks == 1 && !masked_problem(f) &&
-        f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK)
+    // One K/V scale per head (k_blocks == 1): the wide block never straddles two scale blocks, and
+    // every block of a tile has the same scales. Its kernel's key blocks after the first run the
+    // lean softmax (mainloop.h kLeanBody), which has no mask, softcap or ALiBi: those take 128.
+    if (f.fp8.v_keys_permuted16 && f.fp8.k_blocks == 1 && !masked_problem(f) && f.mask.softcap == 0.f &&
+        !f.alibi.enabled() && f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK)
       return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(
           f, stream, opt);
   }

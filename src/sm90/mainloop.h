@@ -100,6 +100,14 @@ struct Mainloop {
   // walking the scale blocks down with the key blocks (k_idx, k_rem: no division per block).
   float q_s;
   int k_idx, k_rem;  // the next key block's scale block, and its first key's offset in it
+  // kLeanBody: the wide FP8 kernel (hdim 128's 192-key block, launch.h) runs only unmasked, without
+  // softcap or ALiBi, with one K/V scale per head, so every block of a tile has the first block's
+  // scales. Its blocks after the first take the lean softmax (FA3's unmasked loop): no per-block scale
+  // reads or V-scale ratio, no score-mod or mask tests, no -inf guards (after head() every row's max
+  // is finite: the first block holds a key of the sequence). exp2_tile: the exp2 multiplier with the
+  // tile's Q/K scales.
+  static constexpr bool kLeanBody = kFp8 && kBlockN != Traits::Cfg::kBlockN;
+  float exp2_tile;
 
   static_assert(!kFp8 || kBlockN == 128 || kBlockN == Traits::Cfg::kBlockNUnmasked,
                 "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale); "
@@ -156,6 +164,7 @@ struct Mainloop {
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
     softmax_block(tSrS, w, m_block, w.n_end - 1, bs, sm, mma_tidx);
+    if constexpr (kLeanBody) exp2_tile = sm.tf.exp2_scale;  // fp8_scales folded the Q/K scales in
     convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
   }
 
@@ -173,7 +182,8 @@ struct Mainloop {
       typename P::KVState v_read = kv_read;  // V of the previous block
       ++kv_read;
       Tensor tSrS = new_s();
-      const BlockScales bs = next_scales(w);
+      BlockScales bs;
+      if constexpr (!kLeanBody) bs = next_scales(w);
       pipes.k.consumer_wait(kv_read);
       ping.wait_turn();
       gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
@@ -184,7 +194,11 @@ struct Mainloop {
       warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
       warpgroup_fence_operand(tSrS);
       pipes.k.consumer_release(kv_read);
-      softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
+      if constexpr (kLeanBody) {
+        rescale_o = sm.step_finite(make_tensor(tSrS.data(), acc_rowcol(tSrS.layout())), exp2_tile, scale);
+      } else {
+        softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);

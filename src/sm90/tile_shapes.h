@@ -44,9 +44,10 @@ constexpr auto smem_atom_k_major() {
 //   - per-tile scales: Q's and K's fold into the softmax scale, V's into O's rescale.
 // kBlockN = 128 for every head dim: one K/V scale block of 128 keys is one key tile.
 // kBlockNUnmasked: hdim 128 with V^T given, one K/V scale per (batch, head) and no mask takes
-// 192-key blocks (launch.h): the per-block work (pipeline, scale walk, rescale) spread over 1.5x
-// the keys, +10-13% at 4k-16k (perf-notes s28). FA3's FP8 tile is 128 x 224; at 224 the loop
-// spills. With 128-token scale blocks a wider block would straddle scale blocks, so it stays 128.
+// 192-key blocks (launch.h): the per-block work (pipeline, barriers, rescale) spread over 1.5x
+// the keys, +6-7% at 4k-16k, and +5-6.5% more with its lean softmax (mainloop.h kLeanBody;
+// perf-notes s29). FA3's FP8 tile is 128 x 224: with the lean loop 224 measured no faster than 192
+// (s29). With 128-token scale blocks a wider block would straddle scale blocks, so it stays 128.
 template <int kHeadDim>
 struct TileConfigFp8 {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;

@@ -235,6 +235,18 @@ std::vector<Fp8Case> vt_cases() {
   v.push_back(c);  // fewer keys than one 192-key block
   c.sk = 4099, c.out_dtype = FLASHATTN_DTYPE_FP16, c.hq = 8, c.hkv = 1, c.d = 64;
   v.push_back(c);  // hdim 64 keeps 128-key blocks with per-head scales; GQA 8, fp16 out
+  // The wide kernel's lean blocks (mainloop.h kLeanBody: one K/V scale per head, unmasked, >= 2048 keys).
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 257, c.sk = 4097, c.hq = 4, c.hkv = 2, c.d = 128, c.q_block = 64, c.k_block = 8192;
+  c.softmax_scale = 0.5f, c.zero_scale_every = 2;
+  v.push_back(c);  // sharp; Q block scales; every other (batch, kv head) with zero K and V scales
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 1000, c.sk = 2048, c.hq = 8, c.hkv = 1, c.d = 128, c.k_block = 2048, c.v_scale_exp = 40;
+  v.push_back(c);  // the threshold (10 x 192 + 128 keys), MQA, per-head V scales up to 2^+-40 (outputs past fp16's range)
+  c = Fp8Case{};
+  c.batch = 3, c.sq = 64, c.sk = 6001, c.hq = 2, c.hkv = 2, c.d = 128, c.softmax_scale = 0.3f, c.per_tensor = true;
+  c.out_dtype = FLASHATTN_DTYPE_FP16;
+  v.push_back(c);  // per tensor, 31 x 192 + 49 keys, fp16 out
   return v;
 }
 
