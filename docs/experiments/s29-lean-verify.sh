@@ -28,18 +28,7 @@ for r in 1 2; do
   done
   echo "round $r t=$(( $(date +%s) - t0 ))"
 done
-python3 - $R <<'PY'
-import sys, collections
-res = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    f = line.split()
-    try: res[(f[1], int(f[6]), f[9], f[0])].append(float(f[11]))
-    except (ValueError, IndexError): pass
-for k in sorted({x[:3] for x in res}):
-    b, w, x = res[k + ("base",)], res[k + ("new",)], res[k + ("w224",)]
-    print(k, "base", b, "new", w, "w224", x, f"new/base {max(w)/max(b):.3f}" if b and w else "",
-          f"w224/base {max(x)/max(b):.3f}" if b and x else "")
-PY
+python3 docs/experiments/ab_rows.py $R base new w224
 export LD_LIBRARY_PATH=$PWD/build-gpu
 timeout 330 $T > $L/gtest-gpu.log 2>&1; echo "suite rc=$? t=$(( $(date +%s) - t0 ))"
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $L/gtest-gpu.log | head; grep -E "^\[ RUN" $L/gtest-gpu.log | tail -1
