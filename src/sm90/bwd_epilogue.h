@@ -12,6 +12,7 @@
 #include "sm90/kernel_params.h"
 #include "sm90/named_barriers.h"
 #include "sm90/softmax.h"
+#include "sm90/warp_uniform.h"
 
 namespace flashattn::sm90 {
 
@@ -108,8 +109,8 @@ struct BwdEpilogue {
     copy(r2s, thr.retile_S(rdV), thr.partition_D(sdV));
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> visible to TMA
     named_barrier_sync(kBwdBarrierEpilogue, Traits::kNumMmaThreads);
-    // One elected lane of the first consumer warp issues and waits on the stores (warp-uniform tests: perf-notes s28).
-    if (__shfl_sync(0xffffffffu, mma_tidx / 32, 0) == 0 && cute::elect_one_sync()) {
+    // One elected lane of the first consumer warp issues and waits on the stores (warp_uniform.h).
+    if (elected_lane(warp_uniform(mma_tidx / 32) == 0)) {
       const int b = ep.varlen ? 0 : batch;
       const auto origin = make_coord(int32_t(seq.k_offset), _0{});
       Tensor gdK = local_tile(domain_offset(origin, ep.tma_dk.get_tma_tensor(ep.shape_k)(_, _, kv_head, b)), TileKV{},

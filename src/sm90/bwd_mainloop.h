@@ -36,6 +36,7 @@
 #include "sm90/gemm.h"           // gemm_async
 #include "sm90/named_barriers.h"
 #include "sm90/softmax.h"
+#include "sm90/warp_uniform.h"
 
 namespace flashattn::sm90 {
 
@@ -275,9 +276,7 @@ struct BwdMainloop {
     auto thr_dv = mma_dv.get_thread_slice(mma_tidx);
     auto thr_dk = mma_dk.get_thread_slice(mma_tidx);
     auto thr_dq = mma_dq.get_thread_slice(mma_tidx);
-    // Warp-uniform to ptxas (a shuffle from lane 0), like every test below that picks warps: a per-thread
-    // test here made ptxas compile the consumers' loop as divergent (perf-notes s28).
-    const int wg = __shfl_sync(0xffffffffu, mma_tidx / 128, 0);
+    const int wg = warp_uniform(mma_tidx / 128);  // and every test below that picks warps (warp_uniform.h)
 
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename Traits::SmemLayoutdO{});
@@ -325,7 +324,7 @@ struct BwdMainloop {
 
     if (w.steps() == 0) return;  // no query reaches these keys: dK = dV = 0
     // The writer warp's first "slice free" is this warpgroup's own arrival.
-    if (Traits::kDqBulkReduce && __shfl_sync(0xffffffffu, mma_tidx % 128 / 32, 0) == 0)
+    if (Traits::kDqBulkReduce && warp_uniform(mma_tidx % 128 / 32) == 0)
       named_barrier_arrive(kBwdBarrierdQEmpty + wg, kBwdDqBarrierThreads);
     cutlass::arch::ClusterTransactionBarrier::wait(&bs.kv_full, 0);
 

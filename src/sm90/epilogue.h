@@ -19,6 +19,7 @@
 #include "sm90/kernel_params.h"
 #include "sm90/named_barriers.h"
 #include "sm90/softmax.h"
+#include "sm90/warp_uniform.h"
 
 namespace flashattn::sm90 {
 
@@ -132,15 +133,9 @@ struct Epilogue {
   }
 
  private:
-  // The TMA-store thread of a warpgroup: one elected lane of its first warp, the same lane every time
-  // (elect.sync is deterministic for a full mask), so the thread that waits on a bulk group is the one
-  // that committed it. Warp-uniform tests (a shuffled warp index, elect.sync) rather than
-  // mma_tidx % 128 == 0: with a per-thread test here ptxas compiled the consumers' whole tile loop as
-  // divergent and kept the pipeline state and WGMMA descriptors in vector registers (perf-notes s28).
-  __device__ static int warpgroup_of(int mma_tidx) { return __shfl_sync(0xffffffffu, mma_tidx / 128, 0); }
-  __device__ static bool is_store_leader(int mma_tidx) {
-    return __shfl_sync(0xffffffffu, mma_tidx % 128 / 32, 0) == 0 && cute::elect_one_sync();
-  }
+  // The TMA-store thread of a warpgroup: one elected lane of its first warp (warp_uniform.h).
+  __device__ static int warpgroup_of(int mma_tidx) { return warp_uniform(mma_tidx / 128); }
+  __device__ static bool is_store_leader(int mma_tidx) { return elected_lane(warp_uniform(mma_tidx % 128 / 32) == 0); }
 
   template <class TensorO>
   __device__ static void store_tma(const Params& ep, const FwdParams& p, Element* smem_o, const TileCoord& t,
