@@ -2,7 +2,7 @@
 # s30: issue 16's ratio in burst vs sustained timing (bench_fp8.py --rounds 3, --sustain-ms 0 vs 1000), hdim 128 and 256,
 # from the biny pack (main's kernels); SM clock and power sampled every 100 ms beside it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=$OUT/su; mkdir -p $L /tmp/pk
 nvidia-smi --query-gpu=name,power.limit --format=csv,noheader | tee $L/gpu.txt
 cat ${PACK:-build-dev/biny}/pack.part.* | tar xzf - -C /tmp/pk || exit 1

@@ -3,7 +3,7 @@
 # sm90-only hdim-128 local build (build-dev/s30v/pack.tgz: bench, GPU tests, one library per variant, which differ only
 # in fwd_hdim128_fp8_bf16.cu.o). FP8 GPU tests on the variants, then 2 alternated rounds of bench rows.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=$OUT/ab; mkdir -p $L /tmp/v
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee $L/gpu.txt
 cat ${PACK:-build-dev/s30v}/pack.part.* | tar xzf - -C /tmp/v || exit 1
