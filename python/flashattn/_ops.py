@@ -816,7 +816,10 @@ def attention(*inputs, need_lse=True):
 # flashattn.fp8.keys_permuted16 returns it (V^T storage behind a [b, s, h, d] view whose stride(1) is 1).
 
 _FP8_OUT_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}
-_V_OFFSET = _lib.FwdParams.v.offset
+# flashattn_fp8_scales {q_scale, k_scale, v_scale, q_block_size, k_block_size, out_dtype}, one struct.pack_into.
+_FP8_FIELDS = struct.Struct("@PPPiii")
+assert _FP8_FIELDS.size <= ctypes.sizeof(_lib.Fp8Scales) and _lib.Fp8Scales.out_dtype.offset == 3 * 8 + 8
+_FP8_OFFSET = _lib.FwdParams.fp8.offset
 
 
 def _v_keys_permuted16(v: torch.Tensor, pad: int) -> torch.Tensor:
@@ -880,41 +883,67 @@ def _fwd_fp8_impl(
     v_keys_permuted = v_layout == _lib.FP8_V_KEYS_PERMUTED16
     if v_keys_permuted and varlen:
         raise NotImplementedError("flashattn: v_layout='keys_permuted16' is for fixed-length batches (no cu_seqlens)")
-    device = q.device
+    # The per-call path packs the params as _fwd_core does (one struct.pack_into over a template copy, each
+    # tensor's shape and strides read once); the FP8 fields with one more.
     d = q.shape[-1]
-    pad = _head_pad(q)
-    qp, kp = _prep(q, pad), _prep(k, pad)
-    vp = _v_keys_permuted16(v, pad) if v_keys_permuted else _prep(v, pad)
-    scales = [t.contiguous() for t in (q_scale, k_scale, v_scale)]
-    out = _alloc(qp.shape, out_dtype, device, 0.0 if varlen else None)
-    lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
+    if q.is_cuda:
+        index = q.get_device()
+        vec = _DEVICE_ALIGN  # elements per 16 bytes: one byte each
+        pad = (-d) % vec
+    else:
+        index, vec, pad = -1, 0, 0
+    qp, qf = _abi(torch.nn.functional.pad(q, (0, pad)) if pad else q, vec, varlen)
+    kp, kf = _abi(torch.nn.functional.pad(k, (0, pad)) if pad else k, vec, varlen)
+    if v_keys_permuted:  # v's real strides (V^T storage), not the rows layout's
+        vp = _v_keys_permuted16(v, pad)
+        vf = (_ptr(vp), *vp.shape, *vp.stride())
+    else:
+        vp, vf = _abi(torch.nn.functional.pad(v, (0, pad)) if pad else v, vec, varlen)
+    scales = [t if t.is_contiguous() else t.contiguous() for t in (q_scale, k_scale, v_scale)]
+    _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
+    if varlen or _POISON:
+        device = q.device
+        out = _alloc(qp.shape, out_dtype, device, 0.0 if varlen else None)
+        lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
+    else:
+        out = qp.new_empty(B, S, H, D, dtype=out_dtype)
+        lse = qp.new_empty(B, H, S, dtype=torch.float32)
+    of = (out.data_ptr() if B * S * H * D else 0, B, S, H, D, S * H * D, H * D, D, 1)
+    lse_ptr = lse.data_ptr() if lse.numel() else 0
     if alibi_slopes is not None:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
 
-    p = _new_params("fwd")
-    p.dtype = _lib.DTYPE_FP8_E4M3
-    for field, t in (("q", qp), ("k", kp), ("v", vp), ("out", out)):
-        _put(p, field, t, varlen)
-    if v_keys_permuted:  # v's real strides: _put writes stride[3] = 1, the rows layout's
-        _TENSOR.pack_into(p, _V_OFFSET, _ptr(vp), *vp.shape, *vp.stride())
+    p = _FWD_FROM(_FWD_TEMPLATE or _template("fwd"))
+    opts = (softmax_scale, int(causal), window_left, window_right, softcap, 0.0, 0, backend, index,
+            0 if index >= 0 else _get_num_threads())
+    head = (_FWD_SIZE, _lib.DTYPE_FP8_E4M3, *qf, *kf, *vf, *of, lse_ptr)
+    try:
+        _FWD_HEAD.pack_into(p, 0, *head, *opts)
+    except (OverflowError, struct.error):
+        _pack_head(_FWD_HEAD, p, head, opts)
+    if varlen or cu_seqlens_k is not None:  # (one of the two alone: _fill_varlen raises)
+        _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if alibi_slopes is not None:
+        _set_score_mods(p, 0.0, None, alibi_slopes)
+    fp8_values = (*(_ptr(t) for t in scales), q_block_size, k_block_size, _FP8_OUT_DTYPES[out_dtype])
+    try:
+        _FP8_FIELDS.pack_into(p, _FP8_OFFSET, *fp8_values)
+    except (OverflowError, struct.error):  # block sizes beyond int32: as ctypes assignment writes them
+        f = p.fp8
+        f.q_scale, f.k_scale, f.v_scale, f.q_block_size, f.k_block_size, f.out_dtype = fp8_values
     p.fp8_v_layout = v_layout
-    _set_lse(p, lse)
-    _fill_options(p.options, device, softmax_scale, causal, window_left, window_right, softcap, False, backend)
-    _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _set_score_mods(p, 0.0, None, alibi_slopes)
-    p.fp8.q_scale, p.fp8.k_scale, p.fp8.v_scale = (_ptr(t) for t in scales)
-    p.fp8.q_block_size = q_block_size
-    p.fp8.k_block_size = k_block_size
-    p.fp8.out_dtype = _FP8_OUT_DTYPES[out_dtype]
-    key = None
-    if device.type == "cuda":
-        key = _key("fwd_fp8", (qp, kp, vp, *scales), max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
-                   q_block_size, k_block_size, out_dtype, softmax_scale, causal, window_left, window_right, softcap,
-                   backend, _mods_key(0.0, alibi_slopes), v_layout)
-    ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, device)
-    status = _lib.load().flashattn_fwd(ctypes.byref(p), ws_ptr, ws_bytes, _stream(device))
+    if index >= 0:
+        key = ("fwd_fp8", qf[1:], kf[1:], vf[1:], tuple(scales[0].shape), tuple(scales[1].shape),
+               max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), q_block_size, k_block_size, out_dtype,
+               opts, _mods_key(0.0, alibi_slopes), v_layout)
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q)
+        stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
+    else:
+        ws, ws_ptr, ws_bytes, stream = None, None, 0, None
+    status = _lib.load().flashattn_fwd(_byref(p), ws_ptr, ws_bytes, stream)
     del ws
-    _lib.raise_for_status(status, "fwd (fp8)")
+    if status:
+        _lib.raise_for_status(status, "fwd (fp8)")
     if pad:
         out = out[..., :d].contiguous()
     return out, lse

@@ -105,14 +105,18 @@ def _check_inputs(q, k, v, packed_ndim, kv_ndim=None, names=("q", "k", "v"), sam
         _check_inputs_slow(q, k, v, packed_ndim, kv_ndim, names, same_batch)
 
 
-def _inputs_ok(q, k, v, packed_ndim, kv_ndim, same_batch=True):
-    """(q.shape, k.shape) when q, k, v pass every check of _check_inputs (then none is FP8), so that a caller
-    need not read them again; None otherwise (never raises)."""
+def _inputs_ok(q, k, v, packed_ndim, kv_ndim, same_batch=True, fp8=False):
+    """(q.shape, k.shape) when q, k, v pass every check of _check_inputs (then none is FP8, unless fp8: then all
+    are), so that a caller need not read them again; None otherwise (never raises)."""
     if isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor):
         dt = q.dtype
         if k.dtype != dt or v.dtype != dt:
             return None
-        if q.is_cuda:
+        if fp8:
+            if dt != _FP8 or not (q.is_cuda and k.device == q.device and v.device == q.device
+                                  or q.is_cpu and k.is_cpu and v.is_cpu):
+                return None
+        elif q.is_cuda:
             dev = q.device
             if dt not in _CUDA_DTYPE_SET or k.device != dev or v.device != dev:
                 return None
@@ -365,7 +369,8 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 (FP8 attention writes 16-bit "
                          f"outputs), got {out_dtype!r}")
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
-    _check_inputs(q, k, v, 3 if varlen else 4)
+    if not _inputs_ok(q, k, v, 3 if varlen else 4, 3 if varlen else 4, fp8=True):
+        _check_inputs_slow(q, k, v, 3 if varlen else 4)
     if varlen:
         _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
         max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
