@@ -300,6 +300,11 @@ def _fp8_scale_views(names, scales, batch, heads, seqlen, block_size, block_name
     block_size))). For q, (batch, nheads_k) is FA3's q_descale layout (one scale per GQA group): heads_q = nheads
     expands it. Per-tensor and per-head scales are copied out over the blocks (the arrays are tiny)."""
     nblocks = -(-seqlen // block_size) if seqlen > 0 else 0
+    # The usual call (flashattn.fp8.quantize's scales): contiguous float32 already in the C layout, used as they are.
+    want = (batch, heads_q or heads, nblocks)
+    if all(type(t) is Tensor and t.dtype is torch.float32 and t.shape == want and not t.requires_grad
+           and t.is_contiguous() and t.device == device for t in scales):
+        return list(scales), block_size if nblocks > 1 else min(max(seqlen, 1), _INT32_MAX)
     shaped = []
     for name, t in zip(names, scales):
         if not isinstance(t, torch.Tensor):
@@ -380,10 +385,11 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     q_block = _check_block_size("q_block_size", fp8.q_block_size)
     k_block = _check_block_size("k_block_size", fp8.k_block_size)
     hq, hk = q.shape[-2], k.shape[-2]
+    device = q.device
     (q_scale,), q_block = _fp8_scale_views(("q_scale",), scales[:1], batch, hk, seqlen_q, q_block, "q_block_size",
-                                           q.device, heads_q=hq)
+                                           device, heads_q=hq)
     (k_scale, v_scale), k_block = _fp8_scale_views(("k_scale", "v_scale"), scales[1:], batch, hk, seqlen_k, k_block,
-                                                   "k_block_size", q.device)
+                                                   "k_block_size", device)
     window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
         window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1], batch)
     v_layout = _V_LAYOUTS[fp8.v_layout]
