@@ -877,6 +877,17 @@ def _fwd_fp8_impl(
     of sequences, seqlen = max_seqlen); value = float(code) * scale[b, h, row // block_size], rows counted from
     each sequence's start. v_layout: the C fp8_v_layout (0 rows, 1 keys_permuted16: v from
     flashattn.fp8.keys_permuted16, fixed length only). out (q's shape) in out_dtype, lse float32."""
+    scales = [t if t.is_contiguous() else t.contiguous() for t in (q_scale, k_scale, v_scale)]
+    return _fwd_fp8_core(q, k, v, *scales, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_block_size,
+                         k_block_size, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                         out_dtype, backend, v_layout, True)
+
+
+def _fwd_fp8_core(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  q_block_size, k_block_size, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                  out_dtype, backend, v_layout, need_lse):
+    """_fwd_fp8_impl with the scales contiguous already. need_lse False (an eager call whose LSE nobody reads): lse
+    is None and the library gets a NULL lse, as _fwd_core does."""
     if out_dtype not in _FP8_OUT_DTYPES:
         raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 attention, got {out_dtype}")
     varlen = cu_seqlens_q is not None
@@ -899,17 +910,16 @@ def _fwd_fp8_impl(
         vf = (_ptr(vp), *vp.shape, *vp.stride())
     else:
         vp, vf = _abi(torch.nn.functional.pad(v, (0, pad)) if pad else v, vec, varlen)
-    scales = [t if t.is_contiguous() else t.contiguous() for t in (q_scale, k_scale, v_scale)]
     _, B, S, H, D = qf[:5]  # out is [B, S, H, D] contiguous (varlen: B = 1, S = total_q)
     if varlen or _POISON:
         device = q.device
         out = _alloc(qp.shape, out_dtype, device, 0.0 if varlen else None)
-        lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None)
+        lse = _alloc(_lse_shape(q, varlen), torch.float32, device, float("-inf") if varlen else None) if need_lse else None
     else:
         out = qp.new_empty(B, S, H, D, dtype=out_dtype)
-        lse = qp.new_empty(B, H, S, dtype=torch.float32)
+        lse = qp.new_empty(B, H, S, dtype=torch.float32) if need_lse else None
     of = (out.data_ptr() if B * S * H * D else 0, B, S, H, D, S * H * D, H * D, D, 1)
-    lse_ptr = lse.data_ptr() if lse.numel() else 0
+    lse_ptr = lse.data_ptr() if need_lse and lse.numel() else 0
     if alibi_slopes is not None:
         alibi_slopes = check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.numel() - 1 if varlen else q.shape[0])
 
@@ -925,7 +935,7 @@ def _fwd_fp8_impl(
         _fill_varlen(p.varlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if alibi_slopes is not None:
         _set_score_mods(p, 0.0, None, alibi_slopes)
-    fp8_values = (*(_ptr(t) for t in scales), q_block_size, k_block_size, _FP8_OUT_DTYPES[out_dtype])
+    fp8_values = (_ptr(q_scale), _ptr(k_scale), _ptr(v_scale), q_block_size, k_block_size, _FP8_OUT_DTYPES[out_dtype])
     try:
         _FP8_FIELDS.pack_into(p, _FP8_OFFSET, *fp8_values)
     except (OverflowError, struct.error):  # block sizes beyond int32: as ctypes assignment writes them
@@ -933,9 +943,9 @@ def _fwd_fp8_impl(
         f.q_scale, f.k_scale, f.v_scale, f.q_block_size, f.k_block_size, f.out_dtype = fp8_values
     p.fp8_v_layout = v_layout
     if index >= 0:
-        key = ("fwd_fp8", qf[1:], kf[1:], vf[1:], tuple(scales[0].shape), tuple(scales[1].shape),
-               max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), q_block_size, k_block_size, out_dtype,
-               opts, _mods_key(0.0, alibi_slopes), v_layout)
+        key = ("fwd_fp8", qf[1:], kf[1:], vf[1:], q_scale.shape, k_scale.shape, max_seqlen_q, max_seqlen_k,
+               varlen and cu_seqlens_q.numel(), q_block_size, k_block_size, out_dtype, opts,
+               _NO_MODS if alibi_slopes is None else _mods_key(0.0, alibi_slopes), v_layout, need_lse)
         ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q)
         stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
     else:
@@ -961,12 +971,13 @@ fwd_fp8 = torch.library.custom_op("flashattn::fwd_fp8", _fwd_fp8_impl, mutates_a
 fwd_fp8.register_fake(_fwd_fp8_fake)
 
 
-def fp8_attention(*inputs):
-    """(out, lse) of flashattn::fwd_fp8 (arguments as the op): the op while torch.compile traces, the direct path
-    in eager. No autograd (the caller refuses inputs that require grad)."""
+def fp8_attention(*inputs, need_lse=True):
+    """(out, lse) of flashattn::fwd_fp8 (arguments as the op, the scales contiguous): the op while torch.compile
+    traces, the direct path in eager, where need_lse False gives lse None and skips computing it. No autograd (the
+    caller refuses inputs that require grad)."""
     if torch.compiler.is_compiling():
         return torch.ops.flashattn.fwd_fp8(*inputs)
-    return _fwd_fp8_impl(*inputs)
+    return _fwd_fp8_core(*inputs, need_lse)
 
 
 # ---- KV cache / paged KV (flash_attn_with_kvcache; flash_attn_varlen_func with block_table) ----------------------

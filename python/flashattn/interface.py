@@ -347,6 +347,14 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, backend,
                     fp8):
     """FP8 (E4M3) attention: q, k, v torch.float8_e4m3fn with float32 scales; forward only."""
+    # The usual call (fixed length, the scales as flashattn.fp8.quantize returns them, no cache, no dropout, nothing
+    # requiring grad) passes one combined test; anything else takes the checks below, in their order.
+    if cu_seqlens_q is None and cu_seqlens_k is None and block_table is None and seqused_k is None and not dropout_p:
+        shapes = _inputs_ok(q, k, v, 4, 4, fp8=True)
+        ready = shapes and _fp8_scales_ready(q, shapes[0], shapes[1], fp8)
+        if ready and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return _fp8_call(q, k, v, None, None, 0, 0, *ready, softmax_scale, causal, window_size, softcap,
+                             alibi_slopes, return_attn_probs, backend, fp8, False)
     names = ("q", "k", "v")
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
@@ -390,6 +398,50 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                                            device, heads_q=hq)
     (k_scale, v_scale), k_block = _fp8_scale_views(("k_scale", "v_scale"), scales[1:], batch, hk, seqlen_k, k_block,
                                                    "k_block_size", device)
+    return _fp8_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_scale, k_scale, v_scale,
+                     q_block, k_block, out_dtype, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                     return_attn_probs, backend, fp8, varlen)
+
+
+def _fp8_scales_ready(q, qs, ks, fp8):
+    """(q_scale, k_scale, v_scale, q_block, k_block, out_dtype) as _flash_attn_fp8's checks would make them, when the
+    scales are already in the C layout (contiguous float32 [batch, heads, nblocks] on q's device, not requiring grad),
+    the block sizes plain ints >= 1 and out_dtype a valid one; else None (the full checks then run)."""
+    qb, kb, out_dtype = fp8.q_block_size, fp8.k_block_size, fp8.out_dtype
+    if type(qb) is not int or type(kb) is not int or qb < 1 or kb < 1:
+        return None
+    if out_dtype is None:
+        out_dtype = torch.bfloat16
+    elif out_dtype is not torch.bfloat16 and out_dtype is not torch.float16:
+        return None
+    batch, sq, hq, sk, hk = qs[0], qs[1], qs[2], ks[1], ks[2]
+    if not sq or not sk:
+        return None
+    qsc, ksc, vsc = fp8.q_scale, fp8.k_scale, fp8.v_scale
+    if type(qsc) is not Tensor or type(ksc) is not Tensor or type(vsc) is not Tensor:
+        return None
+    # Per block ([b, h, ceil(s / block)]) or per head as [b, h, 1] (one block per sequence, whatever the block
+    # size); k and v alike.
+    qshape, kshape = qsc.shape, ksc.shape
+    if len(qshape) != 3 or len(kshape) != 3:
+        return None
+    nq, nk = qshape[2], kshape[2]
+    if nq != 1 and nq != -(-sq // qb) or nk != 1 and nk != -(-sk // kb):
+        return None
+    device = q.device
+    for t, want in ((qsc, (batch, hq, nq)), (ksc, (batch, hk, nk)), (vsc, (batch, hk, nk))):
+        if (t.dtype is not torch.float32 or t.shape != want or t.requires_grad or not t.is_contiguous()
+                or t.device != device):
+            return None
+    # One scale block per sequence: the C block size is the length (as _fp8_scale_views gives it).
+    return (qsc, ksc, vsc, qb if nq > 1 else min(sq, _INT32_MAX), kb if nk > 1 else min(sk, _INT32_MAX), out_dtype)
+
+
+def _fp8_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_scale, k_scale, v_scale, q_block,
+              k_block, out_dtype, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
+              backend, fp8, varlen):
+    """The FP8 call after the input and scale checks: the score options, v_layout, the op."""
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     window_left, window_right, softmax_scale, softcap, alibi_slopes = _score_options(
         window_size, causal, softmax_scale, softcap, alibi_slopes, q, q.shape[-1], batch)
     v_layout = _V_LAYOUTS[fp8.v_layout]
@@ -398,7 +450,7 @@ def _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     out, lse = _ops.fp8_attention(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, q_block, k_block, float(softmax_scale), bool(causal), window_left,
                                   window_right, float(softcap), alibi_slopes, out_dtype, _lib.backend_id(backend),
-                                  v_layout)
+                                  v_layout, need_lse=bool(return_attn_probs))
     if return_attn_probs:
         return out, lse, None
     return out
@@ -430,7 +482,8 @@ def _flash_attn(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, m
     # The usual valid q, k, v pass one combined test (which also says none is FP8); anything else takes the
     # checks below in their order, which raise the error naming the first failed one.
     plain = _inputs_ok(q, k, v, 3 if varlen else 4, 3 if varlen else 4)
-    if not plain and any(isinstance(t, torch.Tensor) and t.dtype == _FP8 for t in (q, k, v)):
+    if not plain and (type(q) is Tensor and q.dtype is _FP8
+                      or any(isinstance(t, torch.Tensor) and t.dtype == _FP8 for t in (q, k, v))):
         return _flash_attn_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs,
                                block_table, seqused_k, backend, fp8 or _Fp8Args())

@@ -115,6 +115,44 @@ def test_scale_forms_and_fa3_names():
         _expect_one_rounding(out, want, torch.float16)
 
 
+def _fast_and_checked_calls(device):
+    """The same FP8 attention through the per-call fast path (block scales already in the C layout, no LSE asked
+    for: the library gets a NULL lse) and through the checked path (the same scales as a non-contiguous view, LSE
+    returned): the outputs must agree bit for bit. Also per-head scales in the C layout ((b, h, 1)) against (b, h)."""
+    g = _gen(21)
+    b, sq, sk, hq, hk, d, qb, kb = 2, 150, 300, 4, 2, 64, 64, 128  # block sizes the sm90 kernel takes
+    q, k, v = (t.to(device) for t in (_codes((b, sq, hq, d), g), _codes((b, sk, hk, d), g), _codes((b, sk, hk, d), g)))
+    qs, ks, vs = (t.to(device) for t in (_scales(b, hq, -(-sq // qb), g), _scales(b, hk, -(-sk // kb), g),
+                                         _scales(b, hk, -(-sk // kb), g)))
+    kw = dict(causal=True, q_block_size=qb, k_block_size=kb)
+    fast = flash_attn_func(q, k, v, q_scale=qs, k_scale=ks, v_scale=vs, **kw)
+
+    def strided(t):  # the same values behind a non-contiguous view
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+    assert not strided(qs).is_contiguous()
+    checked, lse, _ = flash_attn_func(q, k, v, q_scale=strided(qs), k_scale=strided(ks), v_scale=strided(vs),
+                                      return_attn_probs=True, **kw)
+    assert torch.equal(fast, checked) and torch.isfinite(lse).all()
+    head_q, head_k, head_v = (t[..., :1].contiguous() for t in (qs, ks, vs))
+    fast = flash_attn_func(q, k, v, q_scale=head_q, k_scale=head_k, v_scale=head_v)
+    checked = flash_attn_func(q, k, v, q_scale=head_q[..., 0], k_scale=head_k[..., 0], v_scale=head_v[..., 0])
+    assert torch.equal(fast, checked)
+    # The fast path refuses what the checked path refuses (here: a scale on the wrong side of the call).
+    with pytest.raises(ValueError, match="k_scale must be float32"):
+        flash_attn_func(q, k, v, q_scale=qs, k_scale=ks.double(), v_scale=vs, **kw)
+
+
+def test_fast_path_equals_the_checked_path():
+    _fast_and_checked_calls("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU")
+def test_cuda_fast_path_equals_the_checked_path():
+    _fast_and_checked_calls("cuda")
+
+
 def test_varlen_blocks_start_at_each_sequence():
     g = _gen(3)
     lens_q, lens_k, hq, hk, d, qb, kb = [1, 7, 113], [113, 7, 40], 2, 1, 32, 7, 16
