@@ -231,7 +231,11 @@ void read_ring(torch::Tensor x, torch::Tensor sink, int64_t heads, int64_t split
 //   kLadderEpiStore / kLadderEpiMerge  the epilogue's halves alone (twenty-fifth session: kLadderEpi cost ~2 us):
 //                the fp32 partial rows stored straight from registers (no merge), or the warps' merge through
 //                smem with its two barriers and no global stores
-constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8, kLadderEpiStore = 16, kLadderEpiMerge = 32;
+//   kLadderMathSkipLast / kLadderMathOnlyLast  (with kLadderMath; thirty-first session) the math on every block
+//                but the split's last, or on the last only: whether the math's ~1.6 us is the tail (the last
+//                block's math after the stream ends) or a slower stream (each block's math delaying its refill)
+constexpr int kLadderMath = 1, kLadderDep = 2, kLadderEpi = 4, kLadderSetup = 8, kLadderEpiStore = 16, kLadderEpiMerge = 32,
+              kLadderMathSkipLast = 64, kLadderMathOnlyLast = 128;
 
 __device__ __forceinline__ int ladder_swz(int r, int u) { return r * 256 + ((u ^ (r & 7)) << 4); }
 // ldmatrix x4 (transposed for V^T) into a, then c += a * (b0, b1) (m16n8k16, bf16 in, fp32 accumulate).
@@ -321,7 +325,8 @@ __global__ void __launch_bounds__(128, 2) ladder_kernel(const char* __restrict__
     const int ahead = n - (kStages - 1) * splits;
     issue(ahead >= 0 ? ahead : -1, (it + kStages - 1) % kStages);
     const unsigned k_s = smem_base + stage * kStage, v_s = k_s + kBlock * kRow;
-    if (kFlags & kLadderMath) {
+    const bool last = n - splits < 0;
+    if ((kFlags & kLadderMath) && !((kFlags & kLadderMathSkipLast) && last) && !((kFlags & kLadderMathOnlyLast) && !last)) {
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
@@ -476,6 +481,10 @@ void read_ladder(torch::Tensor x, torch::Tensor q, torch::Tensor keys, torch::Te
     case 9: args(ladder_kernel<9>); break;
     case 19: args(ladder_kernel<19>); break;
     case 35: args(ladder_kernel<35>); break;
+    case 65: args(ladder_kernel<65>); break;
+    case 129: args(ladder_kernel<129>); break;
+    case 71: args(ladder_kernel<71>); break;
+    case 135: args(ladder_kernel<135>); break;
     default: args(ladder_kernel<15>); break;
   }
   if (combine == 0) return;
@@ -579,7 +588,9 @@ def main(argv=None):
                       ("math + epilogue", 5, 0), ("math + dep + epilogue", 7, 0),
                       ("math + dep + epilogue + setup", 15, 0), ("that + combine (plain launch)", 15, 1),
                       ("that + combine (PDL)", 15, 2), ("math + dep + epilogue + combine (PDL)", 7, 2),
-                      ("math + dep + epilogue's stores only", 19, 0), ("math + dep + epilogue's merge only", 35, 0)]
+                      ("math + dep + epilogue's stores only", 19, 0), ("math + dep + epilogue's merge only", 35, 0),
+                      ("+ math but on the last block", 65, 0), ("+ math on the last block only", 129, 0),
+                      ("math but last + dep + epilogue", 71, 0), ("math last only + dep + epilogue", 135, 0)]
             for lname, flags, comb in ladder:
                 variants[f"ladder s{lsp} {lname}"] = (
                     lambda flags=flags, comb=comb: [
