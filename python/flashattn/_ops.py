@@ -287,11 +287,43 @@ def _fill_varlen(vl, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
 _WS_CACHE: dict = {}
 
 
-def _workspace(kind, params, key, device, raise_for_status=None, like=None, glossary=None):
+# Forward scratch reused across calls on one stream (split-KV partials, the causal scheduler's counter): keyed by
+# (device, raw stream), allocated on that stream. Reuse is safe because every call that uses it enqueues its kernels
+# on that stream, which orders them after the previous call's (the library's contract: the workspace arrives
+# uninitialised, and each launch initializes what it needs). Not while a CUDA graph is captured: a graph gets scratch
+# of its own from its pool, as before. Forward scratch only (the backward's can be large), up to _WS_REUSE_MAX_BYTES,
+# for at most _WS_REUSE_STREAMS streams (the oldest entry is dropped: torch frees it in its stream's order).
+_WS_REUSE: dict = {}
+_WS_REUSE_MAX_BYTES = 16 << 20
+_WS_REUSE_STREAMS = 8
+_IS_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+
+
+def _reused_workspace(nbytes, like, index, stream):
+    """A uint8 CUDA tensor of at least nbytes for this (device, stream), or None where reuse does not apply."""
+    if nbytes > _WS_REUSE_MAX_BYTES or _IS_CAPTURING is None or _IS_CAPTURING():
+        return None
+    key = (index, stream)
+    ws = _WS_REUSE.get(key)
+    if ws is None or ws.numel() < nbytes:
+        if ws is None and len(_WS_REUSE) >= _WS_REUSE_STREAMS:
+            try:
+                _WS_REUSE.pop(next(iter(_WS_REUSE)))
+            except (StopIteration, KeyError, RuntimeError):  # another thread changed it meanwhile
+                pass
+        # At least 64 KB, doubling when it grows: a run of growing sizes reallocates a few times only.
+        size = min(max(nbytes, 64 << 10, 2 * ws.numel() if ws is not None else 0), _WS_REUSE_MAX_BYTES)
+        ws = like.new_empty(size, dtype=torch.uint8)
+        _WS_REUSE[key] = ws
+    return ws
+
+
+def _workspace(kind, params, key, device, raise_for_status=None, like=None, glossary=None, stream=None):
     """(tensor or None, pointer, bytes) of the scratch this device call needs, from torch's allocator (key: the
     call's signature for CUDA tensors, None for host tensors). like: a tensor on `device` (device may then be None):
     the scratch comes from like.new_empty (cheaper than torch.empty with a device argument, same allocation).
-    glossary: errors go through _raise_kv with it."""
+    glossary: errors go through _raise_kv with it. stream: the raw stream a forward call runs on, with like: its
+    scratch is then reused across calls on that stream (_WS_REUSE)."""
     if key is None:
         return None, None, 0  # host paths allocate their own (plain heap memory)
     nbytes = _WS_CACHE.get(key)
@@ -323,6 +355,10 @@ def _workspace(kind, params, key, device, raise_for_status=None, like=None, glos
         _WS_CACHE[key] = nbytes
     if nbytes == 0:
         return None, None, 0
+    if stream is not None and like is not None and kind == "fwd":
+        ws = _reused_workspace(nbytes, like, like.get_device(), stream)
+        if ws is not None:
+            return ws, ws.data_ptr(), ws.numel()
     if like is not None:
         ws = like.new_empty(nbytes, dtype=torch.uint8)
     else:
@@ -427,10 +463,13 @@ _NO_MODS = (False, None)  # _mods_key(0.0, None)
 
 
 def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend, want_rng=True, need_lse=True):
+              window_right, softcap, dropout_p, alibi_slopes, deterministic, backend, want_rng=True, need_lse=True,
+              reuse_scratch=False):
     """(out, lse, rng_state): rng_state is the int64 [2] {seed, offset} drawn for dropout, zeros without
     (None without dropout when not want_rng: flashattn::fwd has no such output). need_lse False (an eager call
-    whose LSE nobody reads): lse is None, the library gets a NULL lse and computes none."""
+    whose LSE nobody reads): lse is None, the library gets a NULL lse and computes none. reuse_scratch: an eager
+    inference call's (never the ops', which torch.compile may run inside its CUDA-graph memory pools): the forward's
+    scratch is then the stream's reused buffer (_WS_REUSE)."""
     varlen = cu_seqlens_q is not None
     dtype = q.dtype
     dtype_id = _DTYPES.get(dtype) or _dtype_id(dtype)
@@ -488,8 +527,8 @@ def _fwd_core(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
         key = ("fwd", qf[1:], kf[1:], vf[1:], dtype_id, max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(),
                opts, _NO_MODS if alibi_slopes is None and not dropout_p > 0 else _mods_key(dropout_p, alibi_slopes),
                need_lse)
-        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q)
         stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q, stream=stream if reuse_scratch else None)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
     status = _lib.load().flashattn_fwd(_byref(p), ws_ptr, ws_bytes, stream)
@@ -802,7 +841,7 @@ def attention(*inputs, need_lse=True):
         return _EagerAttention.apply(*inputs[:5], inputs[5:])
     if need_lse:
         return _fwd_impl(*inputs)
-    out, lse, _ = _fwd_core(*inputs[:12], 0.0, None, *inputs[12:], False, False)
+    out, lse, _ = _fwd_core(*inputs[:12], 0.0, None, *inputs[12:], False, False, True)
     return out, lse
 
 
@@ -885,9 +924,9 @@ def _fwd_fp8_impl(
 
 def _fwd_fp8_core(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   q_block_size, k_block_size, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                  out_dtype, backend, v_layout, need_lse):
+                  out_dtype, backend, v_layout, need_lse, reuse_scratch=False):
     """_fwd_fp8_impl with the scales contiguous already. need_lse False (an eager call whose LSE nobody reads): lse
-    is None and the library gets a NULL lse, as _fwd_core does."""
+    is None and the library gets a NULL lse, as _fwd_core does; reuse_scratch as _fwd_core's."""
     if out_dtype not in _FP8_OUT_DTYPES:
         raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 attention, got {out_dtype}")
     varlen = cu_seqlens_q is not None
@@ -946,8 +985,8 @@ def _fwd_fp8_core(q, k, v, q_scale, k_scale, v_scale, cu_seqlens_q, cu_seqlens_k
         key = ("fwd_fp8", qf[1:], kf[1:], vf[1:], q_scale.shape, k_scale.shape, max_seqlen_q, max_seqlen_k,
                varlen and cu_seqlens_q.numel(), q_block_size, k_block_size, out_dtype, opts,
                _NO_MODS if alibi_slopes is None else _mods_key(0.0, alibi_slopes), v_layout, need_lse)
-        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q)
         stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q, stream=stream if reuse_scratch else None)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
     status = _lib.load().flashattn_fwd(_byref(p), ws_ptr, ws_bytes, stream)
@@ -977,7 +1016,7 @@ def fp8_attention(*inputs, need_lse=True):
     caller refuses inputs that require grad)."""
     if torch.compiler.is_compiling():
         return torch.ops.flashattn.fwd_fp8(*inputs)
-    return _fwd_fp8_core(*inputs, need_lse)
+    return _fwd_fp8_core(*inputs, need_lse, True)
 
 
 # ---- KV cache / paged KV (flash_attn_with_kvcache; flash_attn_varlen_func with block_table) ----------------------
@@ -1060,11 +1099,11 @@ def _cache_layout_error(name: str, t: torch.Tensor):
 def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                   causal, window_left, window_right, softcap, rotary_interleaved, num_splits, return_lse, backend,
-                  lse_out=True, shapes=None):
+                  lse_out=True, shapes=None, reuse_scratch=False):
     """(out, lse) of both KV-cache ops. Without return_lse, lse is an empty tensor (the ops' contract), or None
     when not lse_out (eager calls, whose caller drops it: no allocation). shapes: (q.shape, k_cache.shape,
     k.shape or None) as the caller read them, having checked v_cache.shape == k_cache.shape and v.shape == k.shape
-    (flash_attn_with_kvcache): not read again; None: read here."""
+    (flash_attn_with_kvcache): not read again; None: read here. reuse_scratch: as _fwd_core's (the eager entries')."""
     varlen = cu_seqlens_q is not None
     paged = block_table is not None
     dtype = q.dtype
@@ -1162,8 +1201,9 @@ def _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                max_seqlen_q, max_seqlen_k, varlen and cu_seqlens_q.numel(), cache_seqlens is not None,
                cache_leftpad is not None, cache_batch_idx is not None, bool(rotary_interleaved), num_splits, return_lse,
                opts, _NO_MODS if alibi_slopes is None else _mods_key(0.0, alibi_slopes))
-        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q, glossary=glossary)
         stream = _GET_RAW_STREAM(index) if _GET_RAW_STREAM is not None else _raw_stream(index)
+        ws, ws_ptr, ws_bytes = _workspace("fwd", p, key, None, like=q, glossary=glossary,
+                                          stream=stream if reuse_scratch else None)
     else:
         ws, ws_ptr, ws_bytes, stream = None, None, 0, None
     lib = _lib._LIB  # loaded by now (the template came from it); load() otherwise
@@ -1345,7 +1385,7 @@ def with_kvcache_append_out(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, c
     return _kvcache_core(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, alibi_slopes, None, None, 0, 0, softmax_scale, causal,
                          window_left, window_right, softcap, rotary_interleaved, num_splits, False, backend, False,
-                         shapes)
+                         shapes, True)
 
 
 def with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
@@ -1359,7 +1399,7 @@ def with_kvcache_read_out(q, k_cache, v_cache, cache_seqlens, cache_batch_idx, c
     return _kvcache_core(q, k_cache, v_cache, None, None, None, None, cache_seqlens, cache_batch_idx, cache_leftpad,
                          block_table, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, window_left, window_right, softcap, False, num_splits, False, backend,
-                         False, shapes)
+                         False, shapes, True)
 
 
 # cache_seqlens given as an int: an int32 [batch] tensor, cached per (value, batch, device, stream) so that a

@@ -659,3 +659,50 @@ def test_cuda_graph_decode_loop():
     torch.cuda.synchronize()
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     assert seqlens.tolist() == [x + steps for x in lens]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_split_scratch_reused_per_stream():
+    """Split-KV decode calls reuse one scratch buffer per stream (_ops._WS_REUSE): calls of two sizes back to back
+    on one stream, interleaved with the same calls on a second stream, each equal (bit for bit) to the call with
+    scratch of its own (reuse off); the stream's buffer survives the calls; a graph captured meanwhile takes
+    scratch of its own and its replays, after eager calls that reuse the stream's buffer, give the eager result."""
+    from flashattn import _ops
+
+    torch.manual_seed(1)
+
+    def problem(b, s):
+        kc, vc = (torch.randn(b, s, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        return dict(q=torch.randn(b, 1, 8, 128, device="cuda", dtype=torch.bfloat16), k_cache=kc, v_cache=vc,
+                    cache_seqlens=torch.tensor([s - 3 * i for i in range(b)], dtype=torch.int32, device="cuda"),
+                    num_splits=5)
+
+    calls = [problem(1, 700), problem(3, 4097)]
+    saved = _ops._WS_REUSE_MAX_BYTES
+    _ops._WS_REUSE_MAX_BYTES = 0  # scratch of its own per call
+    try:
+        want = [flash_attn_with_kvcache(**c) for c in calls]
+    finally:
+        _ops._WS_REUSE_MAX_BYTES = saved
+    _ops._WS_REUSE.clear()
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    got, buffers = [], []
+    for _ in range(3):
+        for i, c in enumerate(calls):
+            got.append((i, flash_attn_with_kvcache(**c)))
+            with torch.cuda.stream(side):
+                got.append((i, flash_attn_with_kvcache(**c)))
+        buffers.append(sorted((k, v.data_ptr()) for k, v in _ops._WS_REUSE.items()))
+    main.wait_stream(side)
+    assert len(buffers[0]) == 2 and buffers[0] == buffers[1] == buffers[2]  # one per stream, kept
+    for i, out in got:
+        assert torch.equal(out, want[i])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flash_attn_with_kvcache(**calls[0])
+    assert sorted((k, v.data_ptr()) for k, v in _ops._WS_REUSE.items()) == buffers[0]
+    for _ in range(2):
+        flash_attn_with_kvcache(**calls[1])
+        graph.replay()
+        assert torch.equal(captured, want[0])
