@@ -108,6 +108,10 @@ struct Mainloop {
   // tile's Q/K scales.
   static constexpr bool kLeanBody = kFp8 && kBlockN != Traits::Cfg::kBlockN;
   float exp2_tile;
+  // kDoubleP: body() keeps P in two register sets (body_double_p says why). FP8 up to hdim 128 only: its P is 24
+  // registers at the 192-key block; 16-bit P is twice that and a second set does not fit beside S and O, nor
+  // beside hdim 256's 128-register O (ptxas then serializes the WGMMAs, C7520).
+  static constexpr bool kDoubleP = kFp8 && kD <= 128;
 
   static_assert(!kFp8 || kBlockN == 128 || kBlockN == Traits::Cfg::kBlockNUnmasked,
                 "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale); "
@@ -174,39 +178,126 @@ struct Mainloop {
   __device__ void body(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
                        const Pingpong& ping, int mma_tidx) {
     using namespace cute;
-    TiledMmaQK mma_qk;
-    TiledMmaPV mma_pv;
-    auto [tSrQ, tSrK, tOrV] = operands(ss, mma_tidx);
-    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    for (int n = w.n_end - 2; n >= w.n_begin; --n) {
-      typename P::KVState v_read = kv_read;  // V of the previous block
-      ++kv_read;
-      Tensor tSrS = new_s();
-      BlockScales bs;
-      if constexpr (!kLeanBody) bs = next_scales(w);
-      pipes.k.consumer_wait(kv_read);
-      ping.wait_turn();
-      gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
-      if (rescale_o) rescale_rows(o_rc, scale);
-      pipes.v.consumer_wait(v_read);
-      gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
-      ping.pass_turn();
-      warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
-      warpgroup_fence_operand(tSrS);
-      pipes.k.consumer_release(kv_read);
-      if constexpr (kLeanBody) {
-        rescale_o = sm.step_finite(make_tensor(tSrS.data(), acc_rowcol(tSrS.layout())), exp2_tile, scale);
-      } else {
-        softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
+    if constexpr (kDoubleP) {
+      body_double_p(ss, pipes, w, m_block, tOrO, sm, ping, mma_tidx);
+    } else {
+      TiledMmaQK mma_qk;
+      TiledMmaPV mma_pv;
+      auto [tSrQ, tSrK, tOrV] = operands(ss, mma_tidx);
+      Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+      for (int n = w.n_end - 2; n >= w.n_begin; --n) {
+        typename P::KVState v_read = kv_read;  // V of the previous block
+        ++kv_read;
+        Tensor tSrS = new_s();
+        BlockScales bs;
+        if constexpr (!kLeanBody) bs = next_scales(w);
+        pipes.k.consumer_wait(kv_read);
+        ping.wait_turn();
+        gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
+        if (rescale_o) rescale_rows(o_rc, scale);
+        pipes.v.consumer_wait(v_read);
+        gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
+        ping.pass_turn();
+        warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
+        warpgroup_fence_operand(tSrS);
+        pipes.k.consumer_release(kv_read);
+        body_softmax(tSrS, w, m_block, n, bs, sm, mma_tidx);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        pipes.v.consumer_release(v_read);
+        convert_p(tSrS, w, m_block, n, mma_tidx, tOrP);
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      warpgroup_fence_operand(tOrP);
-      pipes.v.consumer_release(v_read);
-      convert_p(tSrS, w, m_block, n, mma_tidx);
     }
     pipes.q.consumer_release(q_read);  // every Q K^T of the tile has completed
     ++q_read;
+  }
+
+  // body() with P in two register sets (kDoubleP): block j's P is written into one while P_{j+1} V_{j+1} still
+  // reads the other, so that P V is waited for only in the next step, after its turn's barrier. With one set,
+  // ptxas places that wait ahead of the softmax's exponentials (it schedules them next to the conversions that
+  // overwrite P), and softmax_j overlaps P_{j+1} V_{j+1} only in its row maxima. Two steps per trip, the sets
+  // swapping roles; an odd last step leaves P in the second set, copied back for tail().
+  template <class TensorO>
+  __device__ void body_double_p(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, TensorO& tOrO,
+                                Softmax& sm, const Pingpong& ping, int mma_tidx) {
+    using namespace cute;
+    auto ops = operands(ss, mma_tidx);
+    FragP tOrP2;
+    PendingPV pending;
+    int n = w.n_end - 2;
+    for (; n > w.n_begin; n -= 2) {
+      step_double_p(pipes, ops, w, m_block, tOrO, sm, ping, mma_tidx, n, tOrP, tOrP2, pending);
+      step_double_p(pipes, ops, w, m_block, tOrO, sm, ping, mma_tidx, n - 1, tOrP2, tOrP, pending);
+    }
+    const bool odd = n == w.n_begin;
+    if (odd) step_double_p(pipes, ops, w, m_block, tOrO, sm, ping, mma_tidx, n, tOrP, tOrP2, pending);
+    warpgroup_wait<0>();  // unconditional: ptxas must see no GEMM running on any path here (else it serializes, C7514)
+    warpgroup_fence_operand(tOrO);
+    if (pending.valid) pipes.v.consumer_release(pending.v);
+    if (odd) {
+      constexpr int kWords = int(decltype(cute::cosize(FragP{}.layout()))::value * sizeof(Element) / 4);
+      uint32_t* to = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(raw_pointer_cast(tOrP2.data()));
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) to[i] = from[i];
+    }
+  }
+
+  // A body block's softmax: the lean one (kLeanBody) or the general one; sets rescale_o and scale.
+  template <class TensorS>
+  __device__ void body_softmax(TensorS& tSrS, const TileWork& w, int m_block, int n, const BlockScales& bs, Softmax& sm,
+                               int mma_tidx) {
+    using namespace cute;
+    if constexpr (kLeanBody) {
+      rescale_o = sm.step_finite(make_tensor(tSrS.data(), acc_rowcol(tSrS.layout())), exp2_tile, scale);
+    } else {
+      softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
+    }
+  }
+
+  // The P V a double-P step leaves running, and its V stage (released once it is waited for).
+  struct PendingPV {
+    bool valid = false;
+    typename P::KVState v;
+  };
+
+  // One step of body_double_p, key block n: after the turn's barrier, the previous step's P V (done: it ran under
+  // that step's softmax) is waited for and its V released, O rescaled; Q K^T_n and P_{n+1} V_{n+1} (p_in) issued;
+  // softmax_n under the latter; P_n -> p_out, which no running GEMM reads.
+  template <class Ops, class TensorO>
+  __device__ void step_double_p(Pipes pipes, Ops& ops, const TileWork& w, int m_block, TensorO& tOrO, Softmax& sm,
+                                const Pingpong& ping, int mma_tidx, int n, FragP& p_in, FragP& p_out,
+                                PendingPV& pending) {
+    using namespace cute;
+    TiledMmaQK mma_qk;
+    TiledMmaPV mma_pv;
+    auto& [tSrQ, tSrK, tOrV] = ops;
+    Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
+    typename P::KVState v_read = kv_read;  // V of block n + 1
+    ++kv_read;
+    Tensor tSrS = new_s();
+    BlockScales bs;
+    if constexpr (!kLeanBody) bs = next_scales(w);
+    pipes.k.consumer_wait(kv_read);
+    ping.wait_turn();
+    // Here, after the barrier (which ptxas does not hoist it over), and before any GEMM is issued, so that O may be
+    // rescaled outside every GEMM's pipeline stage.
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    if (pending.valid) pipes.v.consumer_release(pending.v);
+    if (rescale_o) rescale_rows(o_rc, scale);
+    gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
+    pipes.v.consumer_wait(v_read);
+    gemm_async<false>(mma_pv, p_in, tOrV(_, _, _, v_read.index()), tOrO);
+    ping.pass_turn();
+    warpgroup_wait<1>();  // S_n ready; P_{n+1} V_{n+1} still running
+    warpgroup_fence_operand(tSrS);
+    pipes.k.consumer_release(kv_read);
+    body_softmax(tSrS, w, m_block, n, bs, sm, mma_tidx);
+    convert_p(tSrS, w, m_block, n, mma_tidx, p_out);
+    pending.v = v_read;
+    pending.valid = true;
   }
 
   // The last block's P V.
@@ -400,14 +491,18 @@ struct Mainloop {
   // conversion S is dead, so the Philox draws find registers free (on S they spilled).
   template <class TensorS>
   __device__ void convert_p(const TensorS& tSrS, const TileWork& w, int m_block, int n, int mma_tidx) {
+    convert_p(tSrS, w, m_block, n, mma_tidx, tOrP);
+  }
+  template <class TensorS>
+  __device__ void convert_p(const TensorS& tSrS, const TileWork& w, int m_block, int n, int mma_tidx, FragP& out) {
     using namespace cute;
     if constexpr (kFp8) {
-      convert_p_fp8(tSrS);
+      convert_p_fp8(tSrS, out);
       return;
     }
-    convert_fragment(tSrS, tOrP);
+    convert_fragment(tSrS, out);
     if (w.mods.dropout()) {
-      Tensor p = make_tensor(tOrP.data(), acc_rowcol(tSrS.layout()));  // same register order as S
+      Tensor p = make_tensor(out.data(), acc_rowcol(tSrS.layout()));  // same register order as S
       Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
           make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
       using CoordS = decltype(make_tensor(tScS.data(), acc_rowcol(tScS.layout())));
@@ -426,10 +521,10 @@ struct Mainloop {
   // 16-31), register position 4 q + j of a 16-key half holding key {2q, 2q+1, 2q+8, 2q+9}[j]
   // of it, which is where the transpose put those keys of V (producer.h). No shuffles.
   template <class TensorS>
-  __device__ void convert_p_fp8(const TensorS& tSrS) {
+  __device__ void convert_p_fp8(const TensorS& tSrS, FragP& p) {
     using namespace cute;
     static_assert(decltype(size(tSrS))::value == kBlockN / 2 && decltype(cosize(FragP{}.layout()))::value == kBlockN / 2);
-    uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+    uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(p.data()));
     const uint32_t keep = v_zero ? 0u : ~0u;  // this block's V is zero: it adds nothing
 #pragma unroll
     for (int i = 0; i < kBlockN / 16; ++i) {    // 16-key half i of 32-key chunk i / 2
