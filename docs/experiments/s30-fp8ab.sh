@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# s30: FP8 hdim-128 wide lean kernel: max in chains + part of the exp2s by polynomial (softmax.h), A/B from an
+# s30 (reused in s31 with PACK=build-dev/s31v ROUNDS=3 BLOCKS=1): FP8 hdim-128 wide lean kernel: max in chains + part of the exp2s by polynomial (softmax.h), A/B from an
 # sm90-only hdim-128 local build (build-dev/s30v/pack.tgz: bench, GPU tests, one library per variant, which differ only
 # in fwd_hdim128_fp8_bf16.cu.o). FP8 GPU tests on the variants, then 2 alternated rounds of bench rows.
 set -uo pipefail
@@ -16,8 +16,10 @@ done
 R=$L/rows.txt
 run() { local v=$1 k=$2; shift 2
   LD_LIBRARY_PATH=/tmp/v/$v timeout 40 $B --backend sm90 --mode fwd --hdim 128 "$@" 2>>$L/err.log | awk -v v=$v -v k=$k 'NR>1{print v, k, $0}' >> $R; }
-for r in 1 2; do
+# ROUNDS (default 2); BLOCKS=1 adds the 128-token block-scale rows (s31).
+for r in $(seq 1 ${ROUNDS:-2}); do
   for s in 4096 16384; do for v in $VARS; do run $v head --seqlen $s --dtype fp8 --fp8-v keys_permuted16 --fp8-scales head; done; done
+  [ "${BLOCKS:-0}" = 1 ] && for s in 4096 16384; do for v in $VARS; do run $v blk --seqlen $s --dtype fp8 --fp8-v keys_permuted16; done; done
   [ $r = 1 ] && for s in 4096 16384; do run base bf16 --seqlen $s; done
   echo "round $r t=$(( $(date +%s) - t0 ))"
 done
