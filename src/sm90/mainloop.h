@@ -186,22 +186,16 @@ struct Mainloop {
       auto [tSrQ, tSrK, tOrV] = operands(ss, mma_tidx);
       Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
       for (int n = w.n_end - 2; n >= w.n_begin; --n) {
-        typename P::KVState v_read = kv_read;  // V of the previous block
-        ++kv_read;
+        const typename P::KVState v_read = advance_kv();  // V of the previous block
         Tensor tSrS = new_s();
-        BlockScales bs;
-        if constexpr (!kLeanBody) bs = next_scales(w);
+        const BlockScales bs = body_scales(w);
         pipes.k.consumer_wait(kv_read);
         ping.wait_turn();
         gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
         if (rescale_o) rescale_rows(o_rc, scale);
         pipes.v.consumer_wait(v_read);
         gemm_async<false>(mma_pv, tOrP, tOrV(_, _, _, v_read.index()), tOrO);
-        ping.pass_turn();
-        warpgroup_wait<1>();  // S_j ready; P_{j+1} V_{j+1} still running
-        warpgroup_fence_operand(tSrS);
-        pipes.k.consumer_release(kv_read);
-        body_softmax(tSrS, w, m_block, n, bs, sm, mma_tidx);
+        softmax_under_pv(pipes, tSrS, w, m_block, n, bs, sm, ping, mma_tidx);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
@@ -244,6 +238,31 @@ struct Mainloop {
     }
   }
 
+  // The pipeline read state of the block a body step issues P V for (returned), and K's moved to the next block.
+  __device__ typename P::KVState advance_kv() {
+    const typename P::KVState prev = kv_read;
+    ++kv_read;
+    return prev;
+  }
+  // A body block's K/V scales (FP8 with scale blocks; the lean body keeps the tile's first block's).
+  __device__ BlockScales body_scales(const TileWork& w) {
+    BlockScales bs;
+    if constexpr (!kLeanBody) bs = next_scales(w);
+    return bs;
+  }
+  // After a body step's GEMMs are issued: the turn passed, S waited for (the P V still running), K released, the
+  // softmax.
+  template <class TensorS>
+  __device__ void softmax_under_pv(Pipes pipes, TensorS& tSrS, const TileWork& w, int m_block, int n,
+                                   const BlockScales& bs, Softmax& sm, const Pingpong& ping, int mma_tidx) {
+    using namespace cute;
+    ping.pass_turn();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    pipes.k.consumer_release(kv_read);
+    body_softmax(tSrS, w, m_block, n, bs, sm, mma_tidx);
+  }
+
   // A body block's softmax: the lean one (kLeanBody) or the general one; sets rescale_o and scale.
   template <class TensorS>
   __device__ void body_softmax(TensorS& tSrS, const TileWork& w, int m_block, int n, const BlockScales& bs, Softmax& sm,
@@ -274,11 +293,9 @@ struct Mainloop {
     TiledMmaPV mma_pv;
     auto& [tSrQ, tSrK, tOrV] = ops;
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    typename P::KVState v_read = kv_read;  // V of block n + 1
-    ++kv_read;
+    const typename P::KVState v_read = advance_kv();  // V of block n + 1
     Tensor tSrS = new_s();
-    BlockScales bs;
-    if constexpr (!kLeanBody) bs = next_scales(w);
+    const BlockScales bs = body_scales(w);
     pipes.k.consumer_wait(kv_read);
     ping.wait_turn();
     // Here, after the barrier (which ptxas does not hoist it over), and before any GEMM is issued, so that O may be
@@ -290,11 +307,7 @@ struct Mainloop {
     gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
     pipes.v.consumer_wait(v_read);
     gemm_async<false>(mma_pv, p_in, tOrV(_, _, _, v_read.index()), tOrO);
-    ping.pass_turn();
-    warpgroup_wait<1>();  // S_n ready; P_{n+1} V_{n+1} still running
-    warpgroup_fence_operand(tSrS);
-    pipes.k.consumer_release(kv_read);
-    body_softmax(tSrS, w, m_block, n, bs, sm, mma_tidx);
+    softmax_under_pv(pipes, tSrS, w, m_block, n, bs, sm, ping, mma_tidx);
     convert_p(tSrS, w, m_block, n, mma_tidx, p_out);
     pending.v = v_read;
     pending.valid = true;
