@@ -138,7 +138,7 @@ def _fast_and_checked_calls(device):
     fast = flash_attn_func(q, k, v, q_scale=head_q, k_scale=head_k, v_scale=head_v)
     checked = flash_attn_func(q, k, v, q_scale=head_q[..., 0], k_scale=head_k[..., 0], v_scale=head_v[..., 0])
     assert torch.equal(fast, checked)
-    # The fast path refuses what the checked path refuses (here: a scale on the wrong side of the call).
+    # A scale the fast path does not take (float64) gets the checked path's error naming it.
     with pytest.raises(ValueError, match="k_scale must be float32"):
         flash_attn_func(q, k, v, q_scale=qs, k_scale=ks.double(), v_scale=vs, **kw)
 
