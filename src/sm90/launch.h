@@ -66,8 +66,8 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
-// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): 128-key blocks, or the wide unmasked block with
-// one K/V scale per head (tile_shapes.h TileConfigFp8);
+// FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): 128-key blocks, or the wide unmasked block
+// (tile_shapes.h TileConfigFp8);
 // V's rows transposed in the kernel, or V^T given (fp8_v_layout keys_permuted16).
 template <int kHeadDim, class ElementOut>
 flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
@@ -75,13 +75,18 @@ flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const L
   constexpr int kBlockN = Cfg::kBlockN;
   using E = cutlass::float_e4m3_t;
   if constexpr (Cfg::kBlockNUnmasked != kBlockN) {
-    // One K/V scale per head (k_blocks == 1): the wide block never straddles two scale blocks, and
-    // every block of a tile has the same scales. Its kernel's key blocks after the first run the
-    // lean softmax (mainloop.h kLeanBody), which has no mask, softcap or ALiBi: those take 128.
-    if (f.fp8.v_keys_permuted16 && f.fp8.k_blocks == 1 && !masked_problem(f) && f.mask.softcap == 0.f &&
-        !f.alibi.enabled() && f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK)
-      return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(
-          f, stream, opt);
+    // The wide kernels' softmax (mainloop.h kLeanBody, kGroupBody) has no mask past the first block, no
+    // softcap and no ALiBi: those take 128. One K/V scale per head (k_blocks == 1): every block of a tile
+    // has the same scales (the lean softmax); scale blocks: each 64-key group takes its own.
+    if (f.fp8.v_keys_permuted16 && !masked_problem(f) && f.mask.softcap == 0.f && !f.alibi.enabled() &&
+        f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK) {
+      if (f.fp8.k_blocks == 1)
+        return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>,
+                               Schedule<>>(f, stream, opt);
+      return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT,
+                                    Fp8WideScales::kPer64Keys>,
+                             Schedule<>>(f, stream, opt);
+    }
   }
   if (f.fp8.v_keys_permuted16)
     return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(f, stream, opt);

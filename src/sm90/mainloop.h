@@ -13,6 +13,8 @@
 // warpgroups: one turn per key block (head, each body block).
 #pragma once
 
+#include <cfloat>
+
 #include <cute/tensor.hpp>
 
 #include "common/dropout_tile.h"
@@ -106,8 +108,15 @@ struct Mainloop {
   // reads or V-scale ratio, no score-mod or mask tests, no -inf guards (after head() every row's max
   // is finite: the first block holds a key of the sequence). exp2_tile: the exp2 multiplier with the
   // tile's Q/K scales.
-  static constexpr bool kLeanBody = kFp8 && kBlockN != Traits::Cfg::kBlockN;
+  static constexpr bool kWideFp8 = kFp8 && kBlockN != Traits::Cfg::kBlockN;
+  static constexpr bool kLeanBody = kWideFp8 && Traits::kWideScales == Fp8WideScales::kPerHead;
   float exp2_tile;
+  // kGroupBody: the wide FP8 kernel with K/V scale blocks (multiples of 128 keys): a 192-key block straddles two,
+  // so each 64-key group of it takes its own scales inside one softmax pass (group_softmax; FA3 has no block
+  // scales). Unmasked, no softcap or ALiBi, as kLeanBody; the first block is masked at the sequence's end.
+  static constexpr bool kGroupBody = kWideFp8 && Traits::kWideScales == Fp8WideScales::kPer64Keys;
+  static_assert(!kGroupBody || kBlockN == 192, "group_softmax: three 64-key groups, at most one scale-block boundary");
+  int k_last;  // kGroupBody: the sequence's last scale block
   // kDoubleP: body() keeps P in two register sets (body_double_p says why). FP8 up to hdim 128 only: its P is 24
   // registers at the 192-key block; 16-bit P is twice that and a second set does not fit beside S and O, nor
   // beside hdim 256's 128-register O (ptxas then serializes the WGMMAs, C7520).
@@ -115,11 +124,19 @@ struct Mainloop {
 
   static_assert(!kFp8 || kBlockN == 128 || kBlockN == Traits::Cfg::kBlockNUnmasked,
                 "next_scales steps one 128-key scale block per key block (launch.cu's kKeysPerKScale); "
-                "a wider FP8 block runs only with one K/V scale per head (launch.h)");
+                "the wide FP8 block takes one K/V scale per head or per 64-key group (launch.h)");
   // The K and V scales of one key block (FP8; 1 for 16-bit).
   struct BlockScales {
     float k = 1.f, v = 1.f;
   };
+  // kGroupBody: a key block's scales. Group g (its keys 64 g .. 64 g + 63) has scale block a's (the block's first
+  // key's) or, past a's end, the next one's, b's (in_b1, in_b2: groups 1 and 2). Scale blocks are multiples of 128
+  // keys and key blocks start at multiples of 64, so a block straddles at most one boundary.
+  struct GroupScales {
+    float ka, kb, va, vb;
+    bool in_b1, in_b2;
+  };
+  using Scales = std::conditional_t<kGroupBody, GroupScales, BlockScales>;
 
   struct Pipes {
     typename P::Q& q;
@@ -141,7 +158,13 @@ struct Mainloop {
       const int key0 = (w.n_end - 1) * kBlockN;
       k_idx = key0 / w.fp8.k_block;
       k_rem = key0 - k_idx * w.fp8.k_block;
-      v_scale = w.fp8.v[k_idx];
+      if constexpr (kGroupBody) {
+        k_last = (w.seq.seqlen_k - 1) / w.fp8.k_block;
+        v_scale = FLT_MIN;  // the first block's largest V scale becomes O's unit (group_softmax)
+        v_zero = false;     // a zero V scale's P rounds to zero there
+      } else {
+        v_scale = w.fp8.v[k_idx];
+      }
     }
     if constexpr (Sched::kOverlap) {
       head(ss, pipes, w, m_block, sm, ping, mma_tidx);
@@ -158,7 +181,7 @@ struct Mainloop {
     using namespace cute;
     TiledMmaQK mma_qk;
     Tensor tSrS = new_s();
-    const BlockScales bs = next_scales(w);
+    const Scales bs = next_scales(w);
     pipes.q.consumer_wait(q_read);
     pipes.k.consumer_wait(kv_read);
     ping.wait_turn();
@@ -167,7 +190,11 @@ struct Mainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
-    softmax_block(tSrS, w, m_block, w.n_end - 1, bs, sm, mma_tidx);
+    if constexpr (kGroupBody) {
+      group_head_softmax(tSrS, w, m_block, bs, sm, mma_tidx);
+    } else {
+      softmax_block(tSrS, w, m_block, w.n_end - 1, bs, sm, mma_tidx);
+    }
     if constexpr (kLeanBody) exp2_tile = sm.tf.exp2_scale;  // fp8_scales folded the Q/K scales in
     convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
   }
@@ -188,7 +215,7 @@ struct Mainloop {
       for (int n = w.n_end - 2; n >= w.n_begin; --n) {
         const typename P::KVState v_read = advance_kv();  // V of the previous block
         Tensor tSrS = new_s();
-        const BlockScales bs = body_scales(w);
+        const Scales bs = body_scales(w);
         pipes.k.consumer_wait(kv_read);
         ping.wait_turn();
         gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
@@ -245,8 +272,8 @@ struct Mainloop {
     return prev;
   }
   // A body block's K/V scales (FP8 with scale blocks; the lean body keeps the tile's first block's).
-  __device__ BlockScales body_scales(const TileWork& w) {
-    BlockScales bs;
+  __device__ Scales body_scales(const TileWork& w) {
+    Scales bs{};
     if constexpr (!kLeanBody) bs = next_scales(w);
     return bs;
   }
@@ -254,7 +281,7 @@ struct Mainloop {
   // softmax.
   template <class TensorS>
   __device__ void softmax_under_pv(Pipes pipes, TensorS& tSrS, const TileWork& w, int m_block, int n,
-                                   const BlockScales& bs, Softmax& sm, const Pingpong& ping, int mma_tidx) {
+                                   const Scales& bs, Softmax& sm, const Pingpong& ping, int mma_tidx) {
     using namespace cute;
     ping.pass_turn();
     warpgroup_wait<1>();
@@ -265,11 +292,13 @@ struct Mainloop {
 
   // A body block's softmax: the lean one (kLeanBody) or the general one; sets rescale_o and scale.
   template <class TensorS>
-  __device__ void body_softmax(TensorS& tSrS, const TileWork& w, int m_block, int n, const BlockScales& bs, Softmax& sm,
+  __device__ void body_softmax(TensorS& tSrS, const TileWork& w, int m_block, int n, const Scales& bs, Softmax& sm,
                                int mma_tidx) {
     using namespace cute;
     if constexpr (kLeanBody) {
       rescale_o = sm.step_finite(make_tensor(tSrS.data(), acc_rowcol(tSrS.layout())), exp2_tile, scale);
+    } else if constexpr (kGroupBody) {
+      rescale_o = group_softmax(tSrS, bs, sm);
     } else {
       softmax_block(tSrS, w, m_block, n, bs, sm, mma_tidx);
     }
@@ -295,7 +324,10 @@ struct Mainloop {
     Tensor o_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     const typename P::KVState v_read = advance_kv();  // V of block n + 1
     Tensor tSrS = new_s();
-    const BlockScales bs = body_scales(w);
+    // kGroupBody reads its scales once the GEMMs are issued: held across the issue, its six registers made the
+    // wide loop spill around the turn's barrier (s32).
+    Scales bs{};
+    if constexpr (!kGroupBody) bs = body_scales(w);
     pipes.k.consumer_wait(kv_read);
     ping.wait_turn();
     // Here, after the barrier (which ptxas does not hoist it over), and before any GEMM is issued, so that O may be
@@ -307,6 +339,7 @@ struct Mainloop {
     gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
     pipes.v.consumer_wait(v_read);
     gemm_async<false>(mma_pv, p_in, tOrV(_, _, _, v_read.index()), tOrO);
+    if constexpr (kGroupBody) bs = body_scales(w);
     softmax_under_pv(pipes, tSrS, w, m_block, n, bs, sm, ping, mma_tidx);
     convert_p(tSrS, w, m_block, n, mma_tidx, p_out);
     pending.v = v_read;
@@ -340,7 +373,7 @@ struct Mainloop {
     pipes.q.consumer_wait(q_read);
     for (int n = w.n_end - 1; n >= w.n_begin; --n) {
       Tensor tSrS = new_s();
-      const BlockScales bs = next_scales(w);
+      const Scales bs = next_scales(w);
       pipes.k.consumer_wait(kv_read);
       ping.wait_turn();
       gemm_async<true>(mma_qk, tSrQ, tSrK(_, _, _, kv_read.index()), tSrS);
@@ -366,18 +399,88 @@ struct Mainloop {
  private:
   // FP8: the scales of the key block the cursor is at (read now: the caller issues this before
   // the block's Q K^T), then the cursor moves to the block below. 16-bit: nothing to read.
-  __device__ BlockScales next_scales(const TileWork& w) {
-    BlockScales b;
-    if constexpr (kFp8) {
-      b.k = w.fp8.k[k_idx];
-      b.v = w.fp8.v[k_idx];
-      k_rem -= kBlockN;
-      if (k_rem < 0) {
-        --k_idx;
-        k_rem += w.fp8.k_block;
+  __device__ Scales next_scales(const TileWork& w) {
+    if constexpr (kGroupBody) {
+      return next_group_scales(w);
+    } else {
+      BlockScales b;
+      if constexpr (kFp8) {
+        b.k = w.fp8.k[k_idx];
+        b.v = w.fp8.v[k_idx];
+        k_rem -= kBlockN;
+        if (k_rem < 0) {
+          --k_idx;
+          k_rem += w.fp8.k_block;
+        }
       }
+      return b;
     }
-    return b;
+  }
+
+  __device__ GroupScales next_group_scales(const TileWork& w) {
+    GroupScales g;
+    const int ib = min(k_idx + 1, k_last);  // past the sequence's last scale block every key is masked
+    g.ka = w.fp8.k[k_idx];
+    g.va = w.fp8.v[k_idx];
+    g.kb = w.fp8.k[ib];
+    g.vb = w.fp8.v[ib];
+    g.in_b1 = k_rem + 64 >= w.fp8.k_block;
+    g.in_b2 = k_rem + 128 >= w.fp8.k_block;
+    k_rem -= kBlockN;
+    if (k_rem < 0) {
+      --k_idx;
+      k_rem += w.fp8.k_block;
+    }
+    if (k_rem < 0) {  // 192 keys can pass a whole 128-key scale block
+      --k_idx;
+      k_rem += w.fp8.k_block;
+    }
+    return g;
+  }
+
+  // kGroupBody: the first block (the sequence's end masked), then group_softmax.
+  template <class TensorS>
+  __device__ void group_head_softmax(TensorS& tSrS, const TileWork& w, int m_block, const GroupScales& g, Softmax& sm,
+                                     int mma_tidx) {
+    using namespace cute;
+    const int row0 = m_block * kBlockM, col0 = (w.n_end - 1) * kBlockN;
+    if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, kBlockN)) {
+      Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
+          make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
+      Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+      apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, col0);
+    }
+    rescale_o = group_softmax(tSrS, g, sm);
+  }
+
+  // kGroupBody: a block's softmax with its groups' scales (the FP8 scheme of softmax_block per group): O's unit
+  // v_scale becomes the block's largest V scale where that is larger (O rescaled by the ratio with the softmax's
+  // factor); a group with a smaller V scale shifts its P's exponent by the log2 ratio, clamped at -64 (a zero scale:
+  // its P rounds to E4M3 zero), and its row sum is weighted back by 2^-shift, so l stays the softmax's denominator.
+  template <class TensorS>
+  __device__ bool group_softmax(TensorS& tSrS, const GroupScales& g, Softmax& sm) {
+    using namespace cute;
+    const float vb = g.in_b2 ? g.vb : g.va;  // group 2 is in b whenever group 1 is
+    const float v_blk = fmaxf(g.va, vb);
+    const bool new_unit = v_blk > v_scale;
+    const float ratio = v_scale / v_blk;
+    if (new_unit) v_scale = v_blk;
+    const float inv_unit = 1.f / v_scale;
+    const float ta = fmaxf(__log2f(g.va * inv_unit), -64.f), tb = fmaxf(__log2f(vb * inv_unit), -64.f);
+    const float wa = exp2f(-ta), wb = exp2f(-tb);
+    // The Q/K scales floored as in softmax_block (a zero scale would make a masked score NaN).
+    const float ea = tf_base.exp2_scale * fmaxf(q_s * g.ka, 1e-30f);
+    const float eb = tf_base.exp2_scale * fmaxf(q_s * g.kb, 1e-30f);
+    const float e[3] = {ea, g.in_b1 ? eb : ea, g.in_b2 ? eb : ea};
+    const float t[3] = {ta, g.in_b1 ? tb : ta, g.in_b2 ? tb : ta};
+    const float wl[3] = {wa, g.in_b1 ? wb : wa, g.in_b2 ? wb : wa};
+    bool rescale = sm.step_groups(make_tensor(tSrS.data(), acc_rowcol(tSrS.layout())), e, t, wl, scale);
+    if (new_unit) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) scale[r] *= ratio;
+      rescale = true;
+    }
+    return rescale;
   }
 
   __device__ static auto new_s() { return cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}); }

@@ -148,6 +148,50 @@ struct WarpgroupSoftmax {
     return __any_sync(0xffffffffu, rescale);
   }
 
+  // step_finite() with per-group transforms: the columns fall into kG equal groups of keys (the rowcol view's
+  // columns c..c+kC-1 of a thread are keys of one 64-key group when kC = 16: key = 8 (c / 2) + 2 lane + c % 2);
+  // group g's scores take exp2 multiplier e[g] (> 0) and exponent shift t[g] <= 0 (FP8: its V scale's ratio to
+  // O's), and its row sum adds back 2^-t[g] = wl[g]. The rows' old max may be -inf (a tile's first block);
+  // every row must hold a finite score (some unmasked key).
+  template <int kG, class TensorS>
+  __device__ bool step_groups(TensorS&& s, const float (&e)[kG], const float (&t)[kG], const float (&wl)[kG],
+                              float (&scale)[kRows]) {
+    constexpr int kC = decltype(cute::size<1>(s))::value / kG;
+    static_assert(decltype(cute::size<0>(s))::value == kRows && kC * kG == decltype(cute::size<1>(s))::value &&
+                  !kLazyMax && kMaxOffsetLog2 != 0);
+    bool rescale = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float smax = -INFINITY;
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        float gmax = s(r, kC * g);
+#pragma unroll
+        for (int c = 1; c < kC; ++c) gmax = fmaxf(gmax, s(r, kC * g + c));
+        smax = fmaxf(smax, gmax * e[g]);
+      }
+      const float mx = fmaxf(row[r].m, quad_max(smax));
+      scale[r] = exp2f(row[r].m - mx);
+      rescale |= scale[r] != 1.f;
+      row[r].m = mx;
+      float l = row[r].l * scale[r];
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        const float neg_off = float(kMaxOffsetLog2) - mx + t[g];
+        float sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          const float p = exp2f(fmaf(s(r, kC * g + c), e[g], neg_off));
+          s(r, kC * g + c) = p;
+          sum += p;
+        }
+        l = fmaf(sum, wl[g], l);
+      }
+      row[r].l = l;
+    }
+    return __any_sync(0xffffffffu, rescale);
+  }
+
   // Quad-reduce the sums; returns 1/l per row (0 for an empty row) and fills the natural LSE.
   __device__ void finalize(float (&inv)[kRows], float (&lse)[kRows]) {
 #pragma unroll

@@ -47,7 +47,8 @@ constexpr auto smem_atom_k_major() {
 // 192-key blocks (launch.h): the per-block work (pipeline, barriers, rescale) spread over 1.5x
 // the keys, +6-7% at 4k-16k, and +5-6.5% more with its lean softmax (mainloop.h kLeanBody;
 // perf-notes s29). FA3's FP8 tile is 128 x 224: with the lean loop 224 measured no faster than 192
-// (s29). With 128-token scale blocks a wider block would straddle scale blocks, so it stays 128.
+// (s29). With scale blocks (a multiple of 128 keys) a 192-key block straddles two of them: the wide
+// kernel then takes each 64-key group's scales (Fp8WideScales::kPer64Keys).
 template <int kHeadDim>
 struct TileConfigFp8 {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -64,10 +65,15 @@ constexpr bool is_fp8_v = std::is_same_v<Element, cutlass::float_e4m3_t>;
 // no transposing warps, no second V buffer, no fourth pipeline.
 enum class VSource { kRows, kKeysPermutedT };
 
+// FP8's wide key block (kBlockNUnmasked), K/V scales: one per (batch, head), every block of a tile has the
+// same (the lean softmax, mainloop.h kLeanBody); or per 64-key group, since scale blocks (a multiple of 128
+// keys) straddle the 192-key block (mainloop.h kGroupBody).
+enum class Fp8WideScales { kPerHead, kPer64Keys };
+
 // Element: the inputs' type (cutlass::half_t, bfloat16_t, or float_e4m3_t); ElementOut: O's
 // (the inputs' own, except FP8 writes 16-bit).
 template <int kHeadDim_, class Element_, int kBlockN_ = TileConfig<kHeadDim_>::kBlockN, class ElementOut_ = Element_,
-          VSource kVSource_ = VSource::kRows>
+          VSource kVSource_ = VSource::kRows, Fp8WideScales kWideScales_ = Fp8WideScales::kPerHead>
 struct Traits {
   using Element = Element_;
   using ElementOut = ElementOut_;
@@ -82,6 +88,7 @@ struct Traits {
   static constexpr int kNumMmaThreads = 128 * kNumMmaWG;
   static constexpr int kNumThreads = 128 + kNumMmaThreads;  // warpgroup 0 is the producer
   static constexpr VSource kVSource = kVSource_;
+  static constexpr Fp8WideScales kWideScales = kWideScales_;
   static_assert(kVSource == VSource::kRows || kFp8, "V^T from global memory is an FP8 layout");
   // FP8 with V's rows: warps 1-3 of the producer warpgroup transpose V (producer.h).
   static constexpr bool kTransposeV = kFp8 && kVSource == VSource::kRows;

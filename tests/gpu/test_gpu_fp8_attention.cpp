@@ -247,6 +247,19 @@ std::vector<Fp8Case> vt_cases() {
   c.batch = 3, c.sq = 64, c.sk = 6001, c.hq = 2, c.hkv = 2, c.d = 128, c.softmax_scale = 0.3f, c.per_tensor = true;
   c.out_dtype = FLASHATTN_DTYPE_FP16;
   v.push_back(c);  // per tensor, 31 x 192 + 49 keys, fp16 out
+  // The wide kernel with scale blocks (mainloop.h kGroupBody: each 64-key group of a 192-key block takes its scale
+  // block's K/V scales).
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 257, c.sk = 4097, c.hq = 4, c.hkv = 2, c.d = 128, c.q_block = 64, c.k_block = 128;
+  c.softmax_scale = 0.5f, c.zero_scale_every = 3;
+  v.push_back(c);  // sharp; zero K/V scale blocks; the first (masked) block's last two groups in a block past the end
+  c = Fp8Case{};
+  c.batch = 2, c.sq = 200, c.sk = 2049, c.hq = 2, c.hkv = 1, c.d = 128, c.v_scale_exp = 40;
+  v.push_back(c);  // V scales 2^+-40 apart: group shifts past the 2^-64 clamp, new V maxima inside a block
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 130, c.sk = 5000, c.hq = 2, c.hkv = 2, c.d = 128, c.k_block = 384, c.softmax_scale = 0.3f;
+  c.out_dtype = FLASHATTN_DTYPE_FP16;
+  v.push_back(c);  // 384-key scale blocks: a boundary after the first group of a block too; fp16 out
   return v;
 }
 
