@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# s32 verification, call B (no build; the pack of call A, build-dev/s32full): the GPU tests call A's time limit left
+# (V^T cases 22-26) and the KV-cache cases; memcheck and racecheck on the V^T cases (both wide kernels) and the small
+# cases; flashattn-bench FP8 and bf16 rows (hdim 128 and 256, 16k tokens, 2 rounds), each row also as JSON.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+t0=$(date +%s); L=$OUT/l; mkdir -p $L
+cat build-dev/s32full/pack.part.* | tar xzf - || exit 1
+export LD_LIBRARY_PATH=$PWD/build-gpu
+T=build-gpu/tests/gpu/flashattn_gpu_tests
+REST='Sm90/GpuFp8AttentionVt.*/case22:Sm90/GpuFp8AttentionVt.*/case23:Sm90/GpuFp8AttentionVt.*/case24:Sm90/GpuFp8AttentionVt.*/case25:Sm90/GpuFp8AttentionVt.*/case26'
+timeout 120 $T --gtest_filter="$REST:Backends/GpuKvCache*" > $L/gtest-rest.log 2>&1; echo "rest rc=$? t=$(( $(date +%s) - t0 ))"
+grep -E "^\[  (PASSED|FAILED) |FAILED  \]" $L/gtest-rest.log | head -6; echo "ok: $(grep -c '^\[       OK \]' $L/gtest-rest.log)"
+for tool in memcheck racecheck; do
+  timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 $T --gtest_filter='*GpuFp8AttentionVt*:Sanitize/GpuSmall*' > $L/$tool.log 2>&1
+  echo "$tool rc=$? t=$(( $(date +%s) - t0 ))"; grep -E "^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY" $L/$tool.log | head -4
+done
+B=build-gpu/bench/flashattn-bench
+for r in 1 2; do
+  for cfg in "128 4096" "128 16384" "256 16384"; do set -- $cfg; d=$1; s=$2; a="--backend sm90 --mode fwd --hdim $d --seqlen $s --batch $((16384 / s)) --nheads $((2048 / d))"
+    for x in "bf16:--dtype bf16" "fp8-head:--dtype fp8 --fp8-v keys_permuted16 --fp8-scales head" "fp8-block128:--dtype fp8 --fp8-v keys_permuted16"; do
+      n=${x%%:*}; timeout 30 $B $a ${x#*:} --json $L/bench-$n-d$d-s$s-r$r.json 2>&1 | tail -1 | sed "s/^/$n /"
+    done
+  done
+  echo "round $r t=$(( $(date +%s) - t0 ))"
+done | tee $L/bench-rows.txt
+cd $OUT && tar czf logs.tgz l && rm -rf l
