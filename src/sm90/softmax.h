@@ -122,40 +122,23 @@ struct WarpgroupSoftmax {
   // step() for a block with finite scores (no mask, no score mods, no V-scale shift) whose rows
   // all have a finite max already: no -inf guards, the exp2 multiplier passed in (FP8: the tile's
   // Q/K scales folded in). The max chain starts from the old max. (mainloop.h kLeanBody.)
+  // Max and sum run in three chains of a third of the columns where they divide: with one chain of 48
+  // (the 192-key block) ptxas hoisted the exp2 arguments and spilled 16 registers per two blocks (s32).
   template <class TensorS>
   __device__ bool step_finite(TensorS&& s, float exp2_scale, float (&scale)[kRows]) {
     static_assert(decltype(cute::size<0>(s))::value == kRows && !kLazyMax && kMaxOffsetLog2 != 0);
+    constexpr int kN = decltype(cute::size<1>(s))::value, kG = kN % 3 == 0 ? 3 : 1;
     bool rescale = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // Max and sum in three chains of a third of the columns each where they divide: with one chain of 48
-      // (the 192-key block) ptxas hoisted the exp2 arguments and spilled 16 registers per two blocks (s32).
-      constexpr int kN = decltype(cute::size<1>(s))::value, kG = kN % 3 == 0 ? 3 : 1, kC = kN / kG;
-      float smax = -INFINITY;
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float gmax = s(r, kC * g);
-#pragma unroll
-        for (int c = 1; c < kC; ++c) gmax = fmaxf(gmax, s(r, kC * g + c));
-        smax = fmaxf(smax, gmax);
-      }
-      const float mx = fmaxf(row[r].m, quad_max(smax) * exp2_scale);
+      const float mx = fmaxf(row[r].m, quad_max(group_max<kG>(s, r, [](int) { return 1.f; })) * exp2_scale);
       scale[r] = exp2f(row[r].m - mx);
       rescale |= scale[r] != 1.f;
       row[r].m = mx;
       const float neg_off = float(kMaxOffsetLog2) - mx;
       float l = row[r].l * scale[r];
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float sum = 0.f;
-#pragma unroll
-        for (int c = 0; c < kC; ++c) {
-          const float p = exp2f(fmaf(s(r, kC * g + c), exp2_scale, neg_off));
-          s(r, kC * g + c) = p;
-          sum += p;
-        }
-        l += sum;
-      }
+      for (int g = 0; g < kG; ++g) l += group_exp2_sum<kG>(s, r, g, exp2_scale, neg_off);
       row[r].l = l;
     }
     return __any_sync(0xffffffffu, rescale);
@@ -169,40 +152,51 @@ struct WarpgroupSoftmax {
   template <int kG, class TensorS>
   __device__ bool step_groups(TensorS&& s, const float (&e)[kG], const float (&t)[kG], const float (&wl)[kG],
                               float (&scale)[kRows]) {
-    constexpr int kC = decltype(cute::size<1>(s))::value / kG;
-    static_assert(decltype(cute::size<0>(s))::value == kRows && kC * kG == decltype(cute::size<1>(s))::value &&
-                  !kLazyMax && kMaxOffsetLog2 != 0);
+    static_assert(decltype(cute::size<0>(s))::value == kRows && !kLazyMax && kMaxOffsetLog2 != 0);
     bool rescale = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float smax = -INFINITY;
-#pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        float gmax = s(r, kC * g);
-#pragma unroll
-        for (int c = 1; c < kC; ++c) gmax = fmaxf(gmax, s(r, kC * g + c));
-        smax = fmaxf(smax, gmax * e[g]);
-      }
-      const float mx = fmaxf(row[r].m, quad_max(smax));
+      const float mx = fmaxf(row[r].m, quad_max(group_max<kG>(s, r, [&](int g) { return e[g]; })));
       scale[r] = exp2f(row[r].m - mx);
       rescale |= scale[r] != 1.f;
       row[r].m = mx;
       float l = row[r].l * scale[r];
 #pragma unroll
-      for (int g = 0; g < kG; ++g) {
-        const float neg_off = float(kMaxOffsetLog2) - mx + t[g];
-        float sum = 0.f;
-#pragma unroll
-        for (int c = 0; c < kC; ++c) {
-          const float p = exp2f(fmaf(s(r, kC * g + c), e[g], neg_off));
-          s(r, kC * g + c) = p;
-          sum += p;
-        }
-        l = fmaf(sum, wl[g], l);
-      }
+      for (int g = 0; g < kG; ++g)
+        l = fmaf(group_exp2_sum<kG>(s, r, g, e[g], float(kMaxOffsetLog2) - mx + t[g]), wl[g], l);
       row[r].l = l;
     }
     return __any_sync(0xffffffffu, rescale);
+  }
+
+  // Row r's max over kG equal column groups, each group's max times group_scale(g) (> 0).
+  template <int kG, class TensorS, class GroupScale>
+  __device__ static float group_max(const TensorS& s, int r, GroupScale&& group_scale) {
+    constexpr int kC = decltype(cute::size<1>(s))::value / kG;
+    static_assert(kC * kG == decltype(cute::size<1>(s))::value);
+    float smax = -INFINITY;
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      float gmax = s(r, kC * g);
+#pragma unroll
+      for (int c = 1; c < kC; ++c) gmax = fmaxf(gmax, s(r, kC * g + c));
+      smax = fmaxf(smax, gmax * group_scale(g));
+    }
+    return smax;
+  }
+
+  // Row r's column group g of kG: S -> P = exp2(S mult + neg_off) in place; returns the group's sum of P.
+  template <int kG, class TensorS>
+  __device__ static float group_exp2_sum(TensorS& s, int r, int g, float mult, float neg_off) {
+    constexpr int kC = decltype(cute::size<1>(s))::value / kG;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const float p = exp2f(fmaf(s(r, kC * g + c), mult, neg_off));
+      s(r, kC * g + c) = p;
+      sum += p;
+    }
+    return sum;
   }
 
   // Quad-reduce the sums; returns 1/l per row (0 for an empty row) and fills the natural LSE.
