@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Prepared in s32 for the next session (one device call, no build): where the FP8 wide per-head kernel's ~4.6 us per
 # tile go (perf-notes, thirty-second session). Pack build-dev/s33ladder (git-ignored): an sm90-only hdim-128 local build
-# of ae46c30 (bench, GPU tests) with four libraries differing only in fwd_hdim128_fp8_bf16.cu.o, from
-# docs/experiments/fp8-tile-ladder.diff: base (HEAD), l1 (FLASHATTN_EXPERIMENT_TILE_LADDER=1: O not stored, timing
-# only), l2 (=2: no scale reads or division at the tile's start, every scale 1, timing only), l3 (=3: the first block
-# with the lean softmax, fp8-lean-head.diff, correct). Steps: the FP8 tests on l3; rows per-head 4k/16k for every
-# variant (2 alternated rounds, bf16 once); base at key counts without a padded block (4224 = 22 x 192, 16512 =
-# 86 x 192) beside 4096 / 16384; an ncu source profile of base's 4k row (samples outside the key-block loop).
+# of ae46c30 (bench, GPU tests) with five libraries differing only in fwd_hdim128_fp8_bf16.cu.o, from
+# docs/experiments/fp8-tile-ladder.diff (FLASHATTN_EXPERIMENT_TILE_LADDER=N):
+#   base: HEAD;  l1 (=1): O not stored (timing only);  l2 (=2): no scale reads or division at the tile's start, every
+#   scale 1 (timing only);  l3 (=3): the first block with the lean softmax (fp8-lean-head.diff; correct);  l4 (=4): a
+#   first block with <= 64 keys of the sequence as an m64n64 Q K^T and the lean softmax, P's other keys zero (the
+#   padded block's Q K^T and softmax gone; correct).
+# Steps: the FP8 tests on l3 and l4; per-head rows 4k/16k for every variant (2 alternated
+# rounds, bf16 once); base at key counts without a padded block (4224 = 22 x 192, 16512 = 86 x 192) beside
+# 4096 / 16384; an ncu source profile of base's 4k row (samples outside the key-block loop).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=$OUT/ld; mkdir -p $L
-PACK=build-dev/s33ladder VARS="base l1 l2 l3" TESTVARS="l3" OUT=$OUT bash docs/experiments/s30-fp8ab.sh
+PACK=build-dev/s33ladder VARS="base l1 l2 l3 l4" TESTVARS="l3 l4" OUT=$OUT bash docs/experiments/s30-fp8ab.sh
 B=/tmp/v/flashattn-bench; export LD_LIBRARY_PATH=/tmp/v/base
 for r in 1 2; do for sb in "4096 4" "4224 4" "16384 1" "16512 1"; do set -- $sb
   timeout 40 $B --backend sm90 --mode fwd --hdim 128 --seqlen $1 --batch $2 --nheads 16 --dtype fp8 --fp8-v keys_permuted16 \
