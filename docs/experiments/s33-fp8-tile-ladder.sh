@@ -13,7 +13,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 t0=$(date +%s); L=$OUT/ld; mkdir -p $L
-PACK=build-dev/s33ladder VARS="base l1 l2 l3 l4" TESTVARS="l3 l4" OUT=$OUT bash docs/experiments/s30-fp8ab.sh
+# s33: run in two calls (STEP=a: tests and rows; STEP=b: pad rows and ncu), l5 added: 3 K/V stages for the FP8 V^T
+# kernels (FLASHATTN_EXPERIMENT_FP8_STAGES=3 in tile_shapes.h, the same worktree; 208 KB of smem at hdim 128 wide).
+if [ "${STEP:-a}" = a ]; then
+PACK=build-dev/s33ladder VARS="base l1 l2 l3 l4 l5" TESTVARS="l3 l4 l5" OUT=$OUT bash docs/experiments/s30-fp8ab.sh
+cd $OUT && tar czf ab.tgz ab && rm -rf ab; exit 0
+fi
+mkdir -p /tmp/v && cat build-dev/s33ladder/pack.part.* | tar xzf - -C /tmp/v || exit 1
 B=/tmp/v/flashattn-bench; export LD_LIBRARY_PATH=/tmp/v/base
 for r in 1 2; do for sb in "4096 4" "4224 4" "16384 1" "16512 1"; do set -- $sb
   timeout 40 $B --backend sm90 --mode fwd --hdim 128 --seqlen $1 --batch $2 --nheads 16 --dtype fp8 --fp8-v keys_permuted16 \

@@ -247,6 +247,11 @@ std::vector<Fp8Case> vt_cases() {
   c.batch = 3, c.sq = 64, c.sk = 6001, c.hq = 2, c.hkv = 2, c.d = 128, c.softmax_scale = 0.3f, c.per_tensor = true;
   c.out_dtype = FLASHATTN_DTYPE_FP16;
   v.push_back(c);  // per tensor, 31 x 192 + 49 keys, fp16 out
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 130, c.sk = 4096, c.hq = 2, c.hkv = 1, c.d = 128, c.k_block = 4096;
+  v.push_back(c);  // per head, 21 x 192 + 64 keys: the first block holds exactly 64 keys (the bench rows' shape)
+  c.sk = 2305, c.softmax_scale = 0.4f;
+  v.push_back(c);  // 12 x 192 + 1 keys: one key in the first block
   // The wide kernel with scale blocks (mainloop.h kGroupBody: each 64-key group of a 192-key block takes its scale
   // block's K/V scales).
   c = Fp8Case{};
