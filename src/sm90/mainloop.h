@@ -179,6 +179,12 @@ struct Mainloop {
   __device__ void head(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, Softmax& sm,
                        const Pingpong& ping, int mma_tidx) {
     using namespace cute;
+    if constexpr (kLeanBody) {
+      if (w.seq.seqlen_k - (w.n_end - 1) * kBlockN <= 64) {  // the sequence's last keys, in the first block
+        head_narrow(ss, pipes, w, m_block, sm, ping, mma_tidx);
+        return;
+      }
+    }
     TiledMmaQK mma_qk;
     Tensor tSrS = new_s();
     const Scales bs = next_scales(w);
@@ -187,6 +193,7 @@ struct Mainloop {
     ping.wait_turn();
     gemm_async<true>(mma_qk, q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tSrS);
     ping.pass_turn();
+    if constexpr (kLeanBody) stagger_second_warpgroup(mma_tidx);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
@@ -197,6 +204,71 @@ struct Mainloop {
     }
     if constexpr (kLeanBody) exp2_tile = sm.tf.exp2_scale;  // fp8_scales folded the Q/K scales in
     convert_p(tSrS, w, m_block, w.n_end - 1, mma_tidx);
+  }
+
+  // kLeanBody: a first block that holds at most 64 keys of the sequence (4096 and 16384 keys are 21 or 85 blocks of
+  // 192 plus 64): its Q K^T on those 64 keys only (m64n64 instead of m64n192) and the lean softmax (step_finite
+  // takes the rows' -inf start: every row has a key there); P's other keys are zero, so the first body step's P V
+  // stays full width. Unmasked but for the sequence's end (kLeanBody), so only that mask is tested.
+  using TiledMmaQK64 = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::_64, cute::Int<kD>>>(),
+      typename Traits::AtomLayoutMma{}));
+  __device__ void head_narrow(SharedStorage& ss, Pipes pipes, const TileWork& w, int m_block, Softmax& sm,
+                              const Pingpong& ping, int mma_tidx) {
+    using namespace cute;
+    TiledMmaQK64 mma;
+    auto thr = mma.get_thread_slice(mma_tidx);
+    Tensor tSrS = partition_fragment_C(mma, cute::Shape<Int<kBlockM>, _64>{});
+    const BlockScales bs = next_scales(w);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+    Tensor sK64 = local_tile(sK, cute::Shape<_64, Int<kD>, Int<Traits::kStages>>{}, make_coord(_0{}, _0{}, _0{}));
+    Tensor tSrQ = thr.partition_fragment_A(sQ);
+    Tensor tSrK = thr.partition_fragment_B(sK64);
+    pipes.q.consumer_wait(q_read);
+    pipes.k.consumer_wait(kv_read);
+    ping.wait_turn();
+    gemm_async<true>(mma, tSrQ(_, _, _, q_read.index()), tSrK(_, _, _, kv_read.index()), tSrS);
+    ping.pass_turn();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipes.k.consumer_release(kv_read);
+    exp2_tile = tf_base.exp2_scale * fmaxf(q_s * bs.k, 1e-30f);  // softmax_block's floor (a zero Q or K scale)
+    v_zero = bs.v == 0.f;
+    Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+    const int row0 = m_block * kBlockM, col0 = (w.n_end - 1) * kBlockN;
+    if (w.mask.tile_needs_key_mask(row0, kBlockM, col0, 64)) {
+      Tensor tScS = thr.partition_C(make_identity_tensor(cute::Shape<Int<kBlockM>, _64>{}));
+      apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, col0);
+    }
+    rescale_o = sm.step_finite(s, exp2_tile, scale);
+    // P: keys 0-63 where convert_p_fp8 puts them (S's 32 registers hold them in the wide S's order), the rest zero.
+    uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
+    const uint32_t keep = v_zero ? 0u : ~0u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        out[4 * (i / 2) + h + 2 * (i % 2)] = e4m3x4(tSrS(8 * i + 2 * h), tSrS(8 * i + 2 * h + 1),
+                                                    tSrS(8 * i + 4 + 2 * h), tSrS(8 * i + 5 + 2 * h)) & keep;
+      }
+    }
+#pragma unroll
+    for (int j = 8; j < kBlockN / 8; ++j) out[j] = 0u;
+  }
+
+  // kLeanBody (s33): warpgroup 1 starts each tile's softmax some 1500 cycles after warpgroup 0. The two keep the
+  // offset they start a tile with for the whole tile; started together (both heads' softmaxes at once) the 192-key
+  // loop ran 3-5% slower (H200, perf-notes s33: offsets of 1500-3000 cycles measured alike, 700-1000 less; a barrier
+  // holding warpgroup 1 until warpgroup 0's first body step, or warpgroup 0 passing the head's turn after its
+  // softmax, gained 1-3%). head_narrow measured best without it.
+  static constexpr long long kStaggerCycles = 1500;
+  __device__ static void stagger_second_warpgroup(int mma_tidx) {
+    if (mma_tidx >= 128) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < kStaggerCycles) {
+      }
+    }
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
