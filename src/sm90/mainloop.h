@@ -193,7 +193,6 @@ struct Mainloop {
     ping.wait_turn();
     gemm_async<true>(mma_qk, q_frag(ss, mma_tidx)(_, _, _, q_read.index()), k_frag(ss, mma_tidx)(_, _, _, kv_read.index()), tSrS);
     ping.pass_turn();
-    if constexpr (kLeanBody) stagger_second_warpgroup(mma_tidx);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
@@ -255,20 +254,6 @@ struct Mainloop {
     }
 #pragma unroll
     for (int j = 8; j < kBlockN / 8; ++j) out[j] = 0u;
-  }
-
-  // kLeanBody (s33): warpgroup 1 starts each tile's softmax some 1500 cycles after warpgroup 0. The two keep the
-  // offset they start a tile with for the whole tile; started together (both heads' softmaxes at once) the 192-key
-  // loop ran 3-5% slower (H200, perf-notes s33: offsets of 1500-3000 cycles measured alike, 700-1000 less; a barrier
-  // holding warpgroup 1 until warpgroup 0's first body step, or warpgroup 0 passing the head's turn after its
-  // softmax, gained 1-3%). head_narrow measured best without it.
-  static constexpr long long kStaggerCycles = 1500;
-  __device__ static void stagger_second_warpgroup(int mma_tidx) {
-    if (mma_tidx >= 128) {
-      const long long t0 = clock64();
-      while (clock64() - t0 < kStaggerCycles) {
-      }
-    }
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
