@@ -232,7 +232,7 @@ struct Mainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     pipes.k.consumer_release(kv_read);
-    exp2_tile = tf_base.exp2_scale * fmaxf(q_s * bs.k, 1e-30f);  // softmax_block's floor (a zero Q or K scale)
+    exp2_tile = tf_base.exp2_scale * qk_scale(bs);
     v_zero = bs.v == 0.f;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     const int row0 = m_block * kBlockM, col0 = (w.n_end - 1) * kBlockN;
@@ -241,19 +241,7 @@ struct Mainloop {
       apply_mask(s, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), w.mask, row0, col0);
     }
     rescale_o = sm.step_finite(s, exp2_tile, scale);
-    // P: keys 0-63 where convert_p_fp8 puts them (S's 32 registers hold them in the wide S's order), the rest zero.
-    uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(tOrP.data()));
-    const uint32_t keep = v_zero ? 0u : ~0u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        out[4 * (i / 2) + h + 2 * (i % 2)] = e4m3x4(tSrS(8 * i + 2 * h), tSrS(8 * i + 2 * h + 1),
-                                                    tSrS(8 * i + 4 + 2 * h), tSrS(8 * i + 5 + 2 * h)) & keep;
-      }
-    }
-#pragma unroll
-    for (int j = 8; j < kBlockN / 8; ++j) out[j] = 0u;
+    pack_p_fp8<64>(tSrS, tOrP);  // S's 32 registers hold keys 0-63 in the wide S's order
   }
 
   // Key blocks n_end-2 .. n_begin: QK_j issued before PV_{j+1}; softmax_j runs under PV_{j+1}.
@@ -573,10 +561,7 @@ struct Mainloop {
     using namespace cute;
     Tensor s = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
     const int row0 = m_block * kBlockM, col0 = n * kBlockN;
-    // A zero Q or K scale (the caller's: the quantizer writes >= FLT_MIN) would make a masked
-    // score -inf * 0 = NaN; 1e-30 (normal after the softmax scale, flush-to-zero is on) leaves every
-    // such score ~0 (|codes' dot| < 448^2 256).
-    if constexpr (kFp8) fp8_scales(s, w, fmaxf(q_s * bs.k, 1e-30f), sm);
+    if constexpr (kFp8) fp8_scales(s, w, qk_scale(bs), sm);
     sm.apply_softcap(s);
     Tensor tScS = TiledMmaQK{}.get_thread_slice(mma_tidx).partition_C(
         make_identity_tensor(cute::Shape<cute::Int<kBlockM>, Int<kBlockN>>{}));
@@ -625,6 +610,11 @@ struct Mainloop {
       rescale_o = sm.step(s, scale, row_add);
     }
   }
+
+  // The Q/K scale product of a block. A zero Q or K scale (the caller's: the quantizer writes >= FLT_MIN) would make a
+  // masked score -inf * 0 = NaN; 1e-30 (normal after the softmax scale, flush-to-zero is on) leaves every such score
+  // ~0 (|codes' dot| < 448^2 256).
+  __device__ float qk_scale(const BlockScales& bs) const { return fmaxf(q_s * bs.k, 1e-30f); }
 
   // FP8: S holds Q K^T of the codes; the scores are q_scale k_scale times that. The product
   // folds into the transform (the softmax scale, or the softcap's pre-scale: free), except
@@ -695,18 +685,26 @@ struct Mainloop {
   // of it, which is where the transpose put those keys of V (producer.h). No shuffles.
   template <class TensorS>
   __device__ void convert_p_fp8(const TensorS& tSrS, FragP& p) {
+    pack_p_fp8<kBlockN>(tSrS, p);
+  }
+  // The same for an S of the block's first kKeys keys only (head_narrow's, in the wide S's register order); P's
+  // other keys are zero.
+  template <int kKeys, class TensorS>
+  __device__ void pack_p_fp8(const TensorS& tSrS, FragP& p) {
     using namespace cute;
-    static_assert(decltype(size(tSrS))::value == kBlockN / 2 && decltype(cosize(FragP{}.layout()))::value == kBlockN / 2);
+    static_assert(decltype(size(tSrS))::value == kKeys / 2 && decltype(cosize(FragP{}.layout()))::value == kBlockN / 2);
     uint32_t* out = reinterpret_cast<uint32_t*>(raw_pointer_cast(p.data()));
     const uint32_t keep = v_zero ? 0u : ~0u;  // this block's V is zero: it adds nothing
 #pragma unroll
-    for (int i = 0; i < kBlockN / 16; ++i) {    // 16-key half i of 32-key chunk i / 2
+    for (int i = 0; i < kKeys / 16; ++i) {      // 16-key half i of 32-key chunk i / 2
 #pragma unroll
       for (int h = 0; h < 2; ++h) {             // row r, r + 8
         out[4 * (i / 2) + h + 2 * (i % 2)] = e4m3x4(tSrS(8 * i + 2 * h), tSrS(8 * i + 2 * h + 1),
                                                     tSrS(8 * i + 4 + 2 * h), tSrS(8 * i + 5 + 2 * h)) & keep;
       }
     }
+#pragma unroll
+    for (int j = kKeys / 8; j < kBlockN / 8; ++j) out[j] = 0u;
   }
   // Four floats -> E4M3 (round to nearest even, saturating at 448), the first in the low byte:
   // two packed conversions (cvt puts its first operand in the high byte) and one register pair.
