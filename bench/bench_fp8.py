@@ -3,7 +3,9 @@
 128-token block scales), flashattn bf16, and torch SDPA's cuDNN bf16, in one run. CUDA events,
 warm-up, median of --iters; TFLOP/s in the FA convention (4 b h s_q s_k d, halved when causal).
 --vt adds each FP8 row with v in the keys_permuted16 layout (flashattn.fp8.keys_permuted16, converted once
-before the timing: the kernel then skips its V transpose), as impl "<row>-vt".
+before the timing: the kernel then skips its V transpose), as impl "<row>-vt", and flash_attn_func's default
+v_layout (None: v in rows, converted inside each call where that pays) as "<row>-auto"; the plain rows pass
+v_layout="rows".
 Writes <out-dir>/<gpu>-<date>-fp8-hdim<D>.json."""
 import argparse, contextlib, datetime, json, os, statistics, sys, time
 
@@ -123,11 +125,15 @@ def main():
             for name, block in (("flashattn-fp8-block128", 128), ("flashattn-fp8-pertensor", 1 << 30)):
                 (q8, qs), (k8, ks), (v8, vs) = (quantize(t, min(block, s)) for t in (q, k, v))
                 kw = dict(q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=min(block, s), k_block_size=min(block, s))
-                fns[name] = lambda q8=q8, k8=k8, v8=v8, kw=kw: flash_attn_func(q8, k8, v8, causal=causal, **kw)
+                fns[name] = lambda q8=q8, k8=k8, v8=v8, kw=kw: flash_attn_func(q8, k8, v8, causal=causal,
+                                                                               v_layout="rows", **kw)
                 if a.vt:
                     v8t = keys_permuted16(v8)
                     fns[name + "-vt"] = lambda q8=q8, k8=k8, v8t=v8t, kw=kw: flash_attn_func(
                         q8, k8, v8t, causal=causal, v_layout="keys_permuted16", **kw)
+                    # flash_attn_func's default: v in rows, converted inside the call where it pays (timed with it).
+                    fns[name + "-auto"] = lambda q8=q8, k8=k8, v8=v8, kw=kw: flash_attn_func(
+                        q8, k8, v8, causal=causal, **kw)
             if a.same_data_row and s > 128:
                 # The block-scale code path on the per-head row's codes (each head's scale repeated
                 # over its blocks): is per-head FP8's lead over block scales the code or the data?

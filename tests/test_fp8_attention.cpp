@@ -261,7 +261,8 @@ TEST(Fp8AttentionApi, KeysPermutedVGivesTheSameResult) {
       {"v.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[3] = 16; }},  // < 32
       {"v.stride[3]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[3] = 40; }},  // % 16
       {"v.stride[1]", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.v.stride[1] = 2; }},
-      {"fp8_v_layout: 2", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.fp8_v_layout = 2; }},
+      {"fp8_v_layout: 3", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.fp8_v_layout = 3; }},
+      {"fp8_v_layout: -1", FLASHATTN_ERROR_INVALID_ARGUMENT, [](flashattn_fwd_params& p) { p.fp8_v_layout = -1; }},
       {"fp8_v_layout: keys_permuted16 is for fixed-length", FLASHATTN_ERROR_NOT_SUPPORTED,
        [](flashattn_fwd_params& p) {
          static const int32_t cu_q[2] = {0, 9}, cu_k[2] = {0, 20};
@@ -292,6 +293,34 @@ TEST(Fp8AttentionApi, KeysPermutedVGivesTheSameResult) {
   EXPECT_EQ(flashattn_fwd(&p, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flashattn_last_error()).find("fp8_v_layout: 1, but dtype is bf16"), std::string::npos)
       << flashattn_last_error();
+  p.fp8_v_layout = FLASHATTN_FP8_V_ROWS_AUTO;
+  EXPECT_EQ(flashattn_fwd(&p, nullptr, 0, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashattn_last_error()).find("fp8_v_layout: 2, but dtype is bf16"), std::string::npos)
+      << flashattn_last_error();
+}
+
+// fp8_v_layout rows_auto: v in rows, which only the sm90 path may copy (to V^T, where that pays); the host reference
+// reads it as rows: the same result bit for bit, fixed length (above the sm90 copy rule too) and varlen, and no
+// workspace.
+TEST(Fp8AttentionApi, RowsAutoIsRowsOnTheHost) {
+  for (bool varlen : {false, true}) {
+    Fp8Case c;
+    c.sq = 1600, c.sk = 37, c.hq = 2, c.hkv = 1, c.d = 16;
+    if (varlen) c.seqlens_q = {1600, 3}, c.seqlens_k = {37, 1};
+    Fp8Problem rows(c, 21), autos(c, 21);
+    flashattn_fwd_params pr = rows.params(FLASHATTN_BACKEND_AUTO), pa = autos.params(FLASHATTN_BACKEND_AUTO);
+    pr.fp8_v_layout = FLASHATTN_FP8_V_ROWS;
+    pa.fp8_v_layout = FLASHATTN_FP8_V_ROWS_AUTO;
+    size_t ws = 1;
+    ASSERT_EQ(flashattn_fwd_workspace_size(&pa, &ws), FLASHATTN_SUCCESS) << flashattn_last_error();
+    EXPECT_EQ(ws, 0u);
+    ASSERT_EQ(flashattn_fwd(&pr, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(flashattn_fwd(&pa, nullptr, 0, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    ASSERT_EQ(rows.out, autos.out) << "varlen " << varlen;
+    for (uint16_t x : autos.out) ASSERT_NE(x, 0x7fc1) << "an output left poisoned";
+    for (size_t i = 0; i < rows.lse.size(); ++i)
+      ASSERT_EQ(std::memcmp(&rows.lse[i], &autos.lse[i], sizeof(float)), 0) << "lse " << i;
+  }
 }
 
 // FP8 is forward-only: the backward names the dtype.

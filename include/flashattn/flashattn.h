@@ -207,10 +207,18 @@ typedef struct flashattn_fp8_scales {
  *   16 g + k sits at position 16 g + perm(k), perm(k) = 8 k2 + 4 k1 + 2 k3 + k0 for k = 8 k3 + 4 k2 +
  *   2 k1 + k0 (the key order of P in the kernel's registers). The positions of the last group that hold
  *   no key must hold finite codes (zeros: the kernel multiplies them by P = 0). Fixed-length
- *   batches only (no varlen). The Python helper flashattn.fp8.keys_permuted16() writes this layout. */
+ *   batches only (no varlen). The Python helper flashattn.fp8.keys_permuted16() writes this layout.
+ * FLASHATTN_FP8_V_ROWS_AUTO: v in rows as with FLASHATTN_FP8_V_ROWS; the sm90 path may first copy it
+ *   into the workspace in the keys_permuted16 layout (flashattn_fp8_v_keys_permuted16's pass: one read
+ *   and one write of v) and run without the transpose. It does so for a fixed-length call whose
+ *   unmasked (query row, key) pairs per key and kv head (seqlen_q x the GQA group, less what causal or
+ *   the window masks) are at least 1536, where the kernel's savings measured larger than the copy
+ *   (docs/fp8.md); the workspace query then counts the copy (batch x nheads_kv x headdim x seqlen_k
+ *   rounded up to 16 bytes). Elsewhere, and on the host paths, it is FLASHATTN_FP8_V_ROWS. */
 typedef enum flashattn_fp8_v_layout {
   FLASHATTN_FP8_V_ROWS = 0,
-  FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1
+  FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1,
+  FLASHATTN_FP8_V_ROWS_AUTO = 2
 } flashattn_fp8_v_layout;
 
 typedef struct flashattn_fwd_params {

@@ -29,6 +29,7 @@ DTYPE_FP8_E4M3 = 5  # forward input only, with FwdParams.fp8
 # FwdParams.fp8_v_layout (flashattn_fp8_v_layout): how an FP8 v is stored.
 FP8_V_ROWS = 0  # as q and k: [b, s, h, d], d contiguous
 FP8_V_KEYS_PERMUTED16 = 1  # V^T, keys contiguous and permuted in groups of 16 (flashattn.fp8.keys_permuted16)
+FP8_V_ROWS_AUTO = 2  # rows, which the sm90 path may copy to FP8_V_KEYS_PERMUTED16 in its workspace where that pays
 
 BACKEND_AUTO = 0
 BACKEND_REFERENCE = 1
@@ -134,7 +135,8 @@ class FwdParams(ctypes.Structure):
         ("num_splits", ctypes.c_int32),  # split-KV: 0 = heuristic, 1 = never split, n > 1 = at most n
         # FP8 attention (appended after num_splits): zero unless dtype is DTYPE_FP8_E4M3.
         ("fp8", Fp8Scales),
-        # Appended after fp8: v's layout for dtype DTYPE_FP8_E4M3 (FP8_V_ROWS / FP8_V_KEYS_PERMUTED16), 0 otherwise.
+        # Appended after fp8: v's layout for dtype DTYPE_FP8_E4M3 (FP8_V_ROWS / FP8_V_KEYS_PERMUTED16 /
+        # FP8_V_ROWS_AUTO), 0 otherwise.
         ("fp8_v_layout", ctypes.c_int32),
     ]
 

@@ -851,7 +851,8 @@ def attention(*inputs, need_lse=True):
 # or float16), lse float32. No autograd formula: FP8 attention is for inference, and interface.py refuses
 # inputs that require grad before calling it. Host tensors run on the reference backend (the exact
 # attention of the dequantized inputs); CUDA tensors the sm90 kernel (other GPUs refuse FP8 by name).
-# v_layout (flashattn_fwd_params.fp8_v_layout): _lib.FP8_V_ROWS, or _lib.FP8_V_KEYS_PERMUTED16 with v as
+# v_layout (flashattn_fwd_params.fp8_v_layout): _lib.FP8_V_ROWS or _lib.FP8_V_ROWS_AUTO (v in rows; AUTO lets the
+# library copy it to V^T in the workspace where that pays), or _lib.FP8_V_KEYS_PERMUTED16 with v as
 # flashattn.fp8.keys_permuted16 returns it (V^T storage behind a [b, s, h, d] view whose stride(1) is 1).
 
 _FP8_OUT_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}

@@ -194,14 +194,12 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
         seed: keys the transform's random signs.
         out_dtype: torch.bfloat16 or torch.float16; default q's dtype if 16-bit, else bfloat16.
         v_layout: None (automatic), "rows" or "keys_permuted16": how the quantized V is passed on
-            (flash_attn_func's v_layout). None picks "keys_permuted16" where the sm90 FP8 kernel runs it (v on a
-            CUDA device of compute capability 9.x, a library with the sm90 backend), "rows" elsewhere. Why: the
-            sm90 kernel then loads V without transposing it in shared memory (H200, 16k tokens: hdim 256 850 ->
-            1072 TFLOP/s, hdim 128 725 -> 781); the cost is `keys_permuted16(v_fp8)`, one extra pass over the
-            FP8 V (~28 us of GPU time at 16k tokens x 2048 columns; the whole call measured 3-20% faster than
-            with "rows" at 4k-16k tokens, hdim 128 and 256). "keys_permuted16" forces it on any device (the
-            CPU reference gives the rows result bit for bit); the result differs from "rows" on the GPU only by
-            the kernel's accumulation order.
+            (flash_attn_func's v_layout). None is flash_attn_func's default: v in rows, which the sm90 kernel's
+            library call first copies into the keys_permuted16 layout where that pays (fixed length, at least 1536
+            unmasked (query row, key) pairs per key and kv head; the kernel then loads V without transposing it in
+            shared memory). "keys_permuted16" converts here with `keys_permuted16(v_fp8)` on any device (the CPU
+            reference gives the rows result bit for bit); the result differs from "rows" on the GPU only by the
+            kernel's accumulation order.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) in out_dtype, or (out, softmax_lse float32, None) with
@@ -223,8 +221,6 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
     q_fp8, q_scale = quantize(q, block_size=block_size, hadamard=hadamard, seed=seed)
     k_fp8, k_scale = quantize(k, block_size=block_size, hadamard=hadamard, seed=seed)
     v_fp8, v_scale = quantize(v, block_size=block_size, hadamard=False)
-    if v_layout is None:
-        v_layout = "keys_permuted16" if _sm90_runs(v_fp8) else "rows"
     if v_layout == "keys_permuted16":
         v_fp8 = keys_permuted16(v_fp8)
     if softmax_scale is None:
@@ -233,15 +229,6 @@ def flash_attn_fp8_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
                            softcap=softcap, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs,
                            q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, q_block_size=block_size,
                            k_block_size=block_size, out_dtype=out_dtype, v_layout=v_layout)
-
-
-def _sm90_runs(v_fp8: torch.Tensor) -> bool:
-    """Whether flash_attn_fp8_func's automatic v_layout picks keys_permuted16: the (fixed-length) call will run on
-    the sm90 FP8 kernel, the only one that reads that layout faster. AUTO sends CUDA FP8 tensors there on a device
-    of compute capability 9.x when the library has the sm90 backend (elsewhere the call is refused either way).
-    An empty v gains nothing from the copy."""
-    return (v_fp8.is_cuda and v_fp8.numel() > 0 and torch.cuda.get_device_capability(v_fp8.device)[0] == 9
-            and "sm90" in _lib.compiled_backends())
 
 
 def _round_up16(n: int) -> int:

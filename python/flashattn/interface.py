@@ -235,18 +235,20 @@ def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k):
             f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
 
 
-_ROWS = "rows"  # the default v_layout, recognized by identity on the per-call path
+# The FP8 entries' default v_layout: v in rows, which the library may copy once to keys_permuted16 in its workspace
+# where the sm90 kernel repays that (C: FLASHATTN_FP8_V_ROWS_AUTO; flashattn.h says when).
+_V_AUTO = None
 # flash_attn_func's v_layout values: the C fp8_v_layout.
-_V_LAYOUTS = {"rows": _lib.FP8_V_ROWS, "keys_permuted16": _lib.FP8_V_KEYS_PERMUTED16}
+_V_LAYOUTS = {"rows": _lib.FP8_V_ROWS, "keys_permuted16": _lib.FP8_V_KEYS_PERMUTED16, None: _lib.FP8_V_ROWS_AUTO}
 
 
 def _fp8_args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype,
-              v_layout=_ROWS):
+              v_layout=_V_AUTO):
     """The public functions' FP8 keyword arguments as _Fp8Args, or None when all are at their defaults (the usual
     call: no object built)."""
     if (q_scale is None and k_scale is None and v_scale is None and q_descale is None and k_descale is None
             and v_descale is None and out_dtype is None and type(q_block_size) is int and q_block_size == 128
-            and type(k_block_size) is int and k_block_size == 128 and v_layout is _ROWS):
+            and type(k_block_size) is int and k_block_size == 128 and v_layout is _V_AUTO):
         return None
     return _Fp8Args(q_scale, k_scale, v_scale, q_descale, k_descale, v_descale, q_block_size, k_block_size, out_dtype,
                     v_layout)
@@ -256,7 +258,7 @@ class _Fp8Args:
     """The FP8 keyword arguments of the public functions, FA3's *_descale aliases merged in."""
 
     def __init__(self, q_scale=None, k_scale=None, v_scale=None, q_descale=None, k_descale=None, v_descale=None,
-                 q_block_size=128, k_block_size=128, out_dtype=None, v_layout=_ROWS):
+                 q_block_size=128, k_block_size=128, out_dtype=None, v_layout=_V_AUTO):
         def pick(name, value, alias, alias_value):
             if alias_value is None:
                 return value
@@ -268,17 +270,17 @@ class _Fp8Args:
         self.k_scale = pick("k_scale", k_scale, "k_descale", k_descale)
         self.v_scale = pick("v_scale", v_scale, "v_descale", v_descale)
         self.q_block_size, self.k_block_size, self.out_dtype = q_block_size, k_block_size, out_dtype
-        if not isinstance(v_layout, str) or v_layout not in _V_LAYOUTS:
-            raise ValueError(f"flashattn: v_layout must be one of {sorted(_V_LAYOUTS)}, got {v_layout!r}")
+        if v_layout is not _V_AUTO and (not isinstance(v_layout, str) or v_layout not in _V_LAYOUTS):
+            raise ValueError(f"flashattn: v_layout must be None, 'rows' or 'keys_permuted16', got {v_layout!r}")
         self.v_layout = v_layout
 
     def first_given(self):
-        """The name of the first FP8-only argument given (the block sizes and v_layout="rows" are defaults), or
-        None."""
+        """The name of the first FP8-only argument given (the block sizes and v_layout None or "rows" count as
+        defaults), or None."""
         for name in ("q_scale", "k_scale", "v_scale", "out_dtype"):
             if getattr(self, name) is not None:
                 return name
-        if self.v_layout != "rows":
+        if self.v_layout is not _V_AUTO and self.v_layout != "rows":
             return "v_layout"
         return None
 
@@ -591,7 +593,8 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
                     return_attn_probs: bool = False, *, q_scale: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
                     v_scale: Optional[Tensor] = None, q_descale: Optional[Tensor] = None,
                     k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None, q_block_size: int = 128,
-                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None, v_layout: str = _ROWS) -> _Out:
+                    k_block_size: int = 128, out_dtype: Optional[torch.dtype] = None,
+                    v_layout: Optional[str] = _V_AUTO) -> _Out:
     """q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim).
 
     nheads must be a multiple of nheads_k (GQA/MQA). causal is bottom-right aligned; window_size
@@ -623,7 +626,11 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     (torch.bfloat16 by default, or torch.float16) and a float32 softmax_lse. dropout_p must be 0; inputs that
     require grad are refused. CPU tensors run the exact reference (fp64 attention of the dequantized inputs);
     CUDA tensors run the Hopper (sm90) kernel. flashattn.fp8.flash_attn_fp8_func quantizes and calls this.
-    v_layout (FP8 only): "rows" (default, v as above) or "keys_permuted16": v is what flashattn.fp8.keys_permuted16
+    v_layout (FP8 only): None (default: v as above; on the sm90 kernel a fixed-length call with at least 1536
+    unmasked (query row, key) pairs per key and kv head, e.g. seqlen_q x GQA group >= 1536 without a mask or
+    >= 3072 causal, first copies v into flashattn.fp8.keys_permuted16's layout in the library's workspace, one
+    extra pass over V that the kernel repays), "rows" (v as above, never copied) or "keys_permuted16": v is what
+    flashattn.fp8.keys_permuted16
     returns (V^T, keys contiguous and permuted in groups of 16), which the sm90 kernel reads without transposing
     V; the same attention. Any other value, or "keys_permuted16" with a non-FP8 dtype or a v not in that
     layout, is a ValueError naming v_layout.

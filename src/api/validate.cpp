@@ -503,6 +503,7 @@ flashattn_status check_fp8(const flashattn_fwd_params& p, const Shape& sh, const
     o.v_keys_permuted16 = true;
     o.v_col_stride = p.v.stride[3];
   }
+  o.v_rows_auto = p.fp8_v_layout == FLASHATTN_FP8_V_ROWS_AUTO && p.varlen.cu_seqlens_q == nullptr;
   return FLASHATTN_SUCCESS;
 }
 
@@ -745,9 +746,10 @@ flashattn_status normalize_fwd(const flashattn_fwd_params* caller, void* stream,
                        field);
   }
   const bool kv_cache = kvc.block_table || kvc.batch_idx;  // k's first dimension is the cache's own
-  if (p->fp8_v_layout != FLASHATTN_FP8_V_ROWS && p->fp8_v_layout != FLASHATTN_FP8_V_KEYS_PERMUTED16)
-    return set_error(kInvalid, "fp8_v_layout: %d (FLASHATTN_FP8_V_ROWS = 0 or FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1)",
-                     p->fp8_v_layout);
+  if (p->fp8_v_layout != FLASHATTN_FP8_V_ROWS && p->fp8_v_layout != FLASHATTN_FP8_V_KEYS_PERMUTED16 &&
+      p->fp8_v_layout != FLASHATTN_FP8_V_ROWS_AUTO)
+    return set_error(kInvalid, "fp8_v_layout: %d (FLASHATTN_FP8_V_ROWS = 0, FLASHATTN_FP8_V_KEYS_PERMUTED16 = 1 or "
+                     "FLASHATTN_FP8_V_ROWS_AUTO = 2)", p->fp8_v_layout);
   const bool v_keys_contiguous =
       p->dtype == FLASHATTN_DTYPE_FP8_E4M3 && p->fp8_v_layout == FLASHATTN_FP8_V_KEYS_PERMUTED16;
   s = normalize_common(p->options, p->dtype, p->varlen, p->q, p->k, p->v, stream, &out->shape, &out->mask, ctx,

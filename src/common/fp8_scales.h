@@ -26,6 +26,9 @@ struct Fp8Scales {
   // group of 16 keys in the order fp8_v_key_position gives.
   bool v_keys_permuted16 = false;
   int64_t v_col_stride = 1;  // elements between v's head-dim columns (keys_permuted16: V^T's row length)
+  // fp8_v_layout rows_auto on a fixed-length call: v is in rows, and a device path may pass it on as a
+  // keys_permuted16 copy in its workspace (sm90: where that pays). The host paths read v in rows.
+  bool v_rows_auto = false;
 
   FA_HD float q_scale(int b, int h, int nheads_q, int row) const {
     return q[(int64_t(b) * nheads_q + h) * q_blocks + row / q_block_size];

@@ -2,10 +2,13 @@
 // without an sm90 backward falls back to the sm80 path in the dispatch. Forward head dims
 // are instantiated by the generated fwd_hdim<D>_<dtype>.cu files (FLASHATTN_SM90_HDIM_<D>
 // says which exist).
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 
 #include "api/backend.h"
+#include "api/cuda_util.h"
+#include "cpu/fp8_quantize.h"
 #include "common/error.h"
 #include "common/headdim.h"
 #include "flashattn/flashattn_experimental.h"
@@ -234,14 +237,81 @@ const char* fwd_unsupported(const FwdParams& p) {
   return nullptr;
 }
 
-size_t fwd_workspace(const FwdParams& p) { return fwd_workspace_bytes(p); }
+// fp8_v_layout rows_auto: copy v into the keys_permuted16 layout (one read and one write of v, the
+// C API's flashattn_fp8_v_keys_permuted16) and run the V^T kernel, where the kernel's savings exceed
+// the copy. The savings grow with the (query row, key) pairs a key of V meets, the copy with V's
+// size, so the rule is on their ratio: unmasked pairs per key and kv head. Measured on an H200
+// (hdim 128, 16k tokens x 16 heads, s35, docs/fp8.md): the copy ~30 us; the kernel saved 14-15 us
+// at 1024 rows (no mask or causal), 20-21 us at 2048 causal (~1024 pairs per key), 54-73 us at
+// 2048 without a mask and 56-75 us at 4096 causal (~2048 pairs per key), 120-600 us beyond.
+constexpr double kFp8VCopyMinPairsPerKey = 1536;
+
+// Unmasked (query row, key) pairs of one (batch, query head): exact without a window; with one (causal
+// included), summed over up to 257 evenly spaced rows and scaled (a cost estimate, O(1) per call).
+double unmasked_pairs(const FwdParams& p) {
+  const int64_t sq = p.shape.seqlen_q, sk = p.shape.seqlen_k;
+  if (!masked_problem(p)) return double(sq) * double(sk);
+  const int64_t wl = p.mask.window_left, wr = p.mask.window_right, offset = sk - sq;  // bottom-right aligned
+  const int64_t samples = std::min<int64_t>(sq, 257);
+  double keys = 0;
+  for (int64_t j = 0; j < samples; ++j) {
+    const int64_t i = samples == 1 ? 0 : j * (sq - 1) / (samples - 1);
+    const int64_t lo = wl < 0 ? 0 : std::max<int64_t>(0, i + offset - wl);
+    const int64_t hi = wr < 0 ? sk - 1 : std::min<int64_t>(sk - 1, i + offset + wr);
+    keys += double(std::max<int64_t>(0, hi - lo + 1));
+  }
+  return keys / double(samples) * double(sq);
+}
+
+// The row length of the V^T copy, or 0 where the call reads v as it is.
+int64_t fp8_v_copy_row_len(const FwdParams& p) {
+  if (p.dtype != FLASHATTN_DTYPE_FP8_E4M3 || !p.fp8.v_rows_auto || p.fp8.v_keys_permuted16 || p.cu_seqlens_q)
+    return 0;
+  const Shape& s = p.shape;
+  if (s.seqlen_k <= 0 || unmasked_pairs(p) * s.group_size() < kFp8VCopyMinPairsPerKey * s.seqlen_k) return 0;
+  return (int64_t(s.seqlen_k) + 15) / 16 * 16;
+}
+
+// The copy's bytes, rounded up so that what follows it stays aligned.
+size_t fp8_v_copy_bytes(const FwdParams& p) {
+  const int64_t len = fp8_v_copy_row_len(p);
+  const Shape& s = p.shape;
+  return len == 0 ? 0 : size_t((int64_t(s.batch) * s.nheads_kv * s.headdim * len + 255) / 256 * 256);
+}
+
+size_t fwd_workspace(const FwdParams& p) { return fp8_v_copy_bytes(p) + fwd_workspace_bytes(p); }
 
 flashattn_status fwd(const FwdParams& p, void* workspace, void* stream) {
   LaunchFn fn = p.dtype == FLASHATTN_DTYPE_FP8_E4M3 ? find_launch_fp8(p.shape.headdim, p.fp8.out_dtype)
                                                     : find_launch(p.shape.headdim, p.dtype);
   if (fn == nullptr) return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "%s", fwd_unsupported(p));
-  const LaunchOptions opt{workspace};
-  return fn(p, static_cast<cudaStream_t>(stream), opt);
+  const int64_t len = fp8_v_copy_row_len(p);
+  if (len == 0) return fn(p, static_cast<cudaStream_t>(stream), LaunchOptions{workspace});
+  // v (rows) -> V^T at the workspace's start; the kernel then reads the copy (validate.cpp's keys_permuted16 form).
+  const Shape& s = p.shape;
+  cpu::Fp8VPermuteParams c;
+  c.batch = s.batch;
+  c.seqlen = s.seqlen_k;
+  c.nheads = s.nheads_kv;
+  c.headdim = s.headdim;
+  c.v = static_cast<const uint8_t*>(p.v);
+  c.v_stride[0] = p.v_stride.batch;
+  c.v_stride[1] = p.v_stride.row;
+  c.v_stride[2] = p.v_stride.head;
+  c.out = static_cast<uint8_t*>(workspace);
+  c.out_stride[0] = int64_t(s.nheads_kv) * s.headdim * len;
+  c.out_stride[1] = int64_t(s.headdim) * len;
+  c.row_len = len;
+  flashattn_status st = cuda::fp8_v_keys_permuted16(c, stream);
+  if (st != FLASHATTN_SUCCESS) return st;
+  FwdParams vt = p;
+  vt.v = workspace;
+  vt.v_stride = RowStrides{c.out_stride[0], 1, c.out_stride[1]};
+  vt.fp8.v_keys_permuted16 = true;
+  vt.fp8.v_col_stride = len;
+  const size_t copy = fp8_v_copy_bytes(p);
+  void* rest = fwd_workspace_bytes(p) ? static_cast<uint8_t*>(workspace) + copy : nullptr;
+  return fn(vt, static_cast<cudaStream_t>(stream), LaunchOptions{rest});
 }
 
 }  // namespace

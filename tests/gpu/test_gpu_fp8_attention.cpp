@@ -40,9 +40,15 @@ T* to_device(const std::vector<T>& h) {
 // Runs P on the GPU (backend sm90): its host buffers are copied in, out/lse copied back.
 // vt_row_len > 0: V given as V^T with keys permuted in groups of 16, rows of that length
 // (fp8_v_layout keys_permuted16).
-flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN_BACKEND_SM90, int vt_row_len = 0) {
+// rows_layout: v's layout when not V^T (FLASHATTN_FP8_V_ROWS or _ROWS_AUTO). caller_workspace: pass a workspace
+// of exactly the queried size, filled with E4M3 NaN codes (0x7F) first, instead of NULL (the library's own).
+// ws_query (fixed length): the workspace query's answer for fp8_v_layout rows [0] and for this call's layout [1].
+flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN_BACKEND_SM90, int vt_row_len = 0,
+                            int32_t rows_layout = FLASHATTN_FP8_V_ROWS, bool caller_workspace = false,
+                            size_t* ws_query = nullptr) {
   flashattn_fwd_params p = P.params(backend);
   p.options.device = 0;
+  p.fp8_v_layout = rows_layout;
   if (vt_row_len > 0) P.use_keys_permuted16(p, vt_row_len);
   uint8_t* q = to_device(P.q);
   uint8_t* k = to_device(P.k);
@@ -59,8 +65,25 @@ flashattn_status run_on_gpu(Fp8Problem& P, flashattn_backend backend = FLASHATTN
   p.fp8.q_scale = qs, p.fp8.k_scale = ks, p.fp8.v_scale = vs;
   if (P.c.varlen()) p.varlen.cu_seqlens_q = cu_q, p.varlen.cu_seqlens_k = cu_k;
   if (P.c.alibi) p.alibi_slopes = slopes;
-  const flashattn_status st = flashattn_fwd(&p, nullptr, 0, nullptr);
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  if (ws_query != nullptr) {
+    const int32_t layout = p.fp8_v_layout;
+    p.fp8_v_layout = FLASHATTN_FP8_V_ROWS;
+    EXPECT_EQ(flashattn_fwd_workspace_size(&p, &ws_query[0]), FLASHATTN_SUCCESS) << flashattn_last_error();
+    p.fp8_v_layout = layout;
+    EXPECT_EQ(flashattn_fwd_workspace_size(&p, &ws_query[1]), FLASHATTN_SUCCESS) << flashattn_last_error();
+  }
+  if (caller_workspace) {
+    EXPECT_EQ(flashattn_fwd_workspace_size(&p, &ws_bytes), FLASHATTN_SUCCESS) << flashattn_last_error();
+    if (ws_bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemset(ws, 0x7F, ws_bytes), cudaSuccess);
+    }
+  }
+  const flashattn_status st = flashattn_fwd(&p, ws, ws_bytes, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (ws) cudaFree(ws);
   if (st == FLASHATTN_SUCCESS) {
     EXPECT_EQ(cudaMemcpy(P.out.data(), out, P.out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(P.lse.data(), lse, P.lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -279,6 +302,78 @@ std::vector<Fp8Case> vt_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Sm90, GpuFp8AttentionVt, ::testing::ValuesIn(vt_cases()),
                          [](const ::testing::TestParamInfo<Fp8Case>& info) { return "case" + std::to_string(info.index); });
+
+// fp8_v_layout rows_auto: v in rows, which the sm90 path copies to V^T in its workspace (and then runs the V^T
+// kernel) where the call has >= 1536 unmasked (query row, key) pairs per key and kv head. Each case: within the bound
+// of the oracle; the workspace query larger than rows' by exactly the copy (batch x hkv x d x sk rounded up to 16,
+// then to 256 bytes) or equal; the output bit for bit that of the V^T layout given (the copy ran) or of rows (it did
+// not). The copy cases run with a caller's workspace poisoned with NaN codes, so a read of any byte the copy did not
+// write shows.
+struct VRowsAutoCase {
+  Fp8Case c;
+  bool copies;
+};
+
+class GpuFp8VRowsAuto : public ::testing::TestWithParam<VRowsAutoCase> {};
+
+TEST_P(GpuFp8VRowsAuto, CopiesWhereItPaysWithinE4M3Bound) {
+  std::string why;
+  if (!have_sm90(&why)) GTEST_SKIP() << why;
+  const VRowsAutoCase& tc = GetParam();
+  const uint64_t seed = fresh_seed();
+  Fp8Problem P(tc.c, seed), Rows(tc.c, seed), Vt(tc.c, seed);
+  size_t ws[2] = {0, 0};
+  const flashattn_status st =
+      run_on_gpu(P, FLASHATTN_BACKEND_SM90, 0, FLASHATTN_FP8_V_ROWS_AUTO, tc.copies, tc.c.varlen() ? nullptr : ws);
+  if (skip_uncompiled(st)) GTEST_SKIP() << flashattn_last_error();
+  ASSERT_EQ(st, FLASHATTN_SUCCESS) << P.c.str() << ": " << flashattn_last_error();
+  expect_within_fp8_bound(P, attention_of_dequantized(P));
+
+  if (!tc.c.varlen()) {
+    const size_t copy = tc.copies ? (size_t(P.c.batch) * P.c.hkv * P.c.d * ((P.c.sk + 15) / 16 * 16) + 255) / 256 * 256
+                                  : 0;
+    EXPECT_EQ(ws[1], ws[0] + copy) << P.c.str() << ": the workspace of rows_auto vs rows";
+  }
+  Fp8Problem& same = tc.copies ? Vt : Rows;
+  ASSERT_EQ(run_on_gpu(same, FLASHATTN_BACKEND_SM90, tc.copies ? (P.c.sk + 15) / 16 * 16 : 0), FLASHATTN_SUCCESS)
+      << flashattn_last_error();
+  size_t differ = 0;
+  for (size_t i = 0; i < P.out.size(); ++i) differ += P.out[i] != same.out[i];
+  EXPECT_EQ(differ, 0u) << tc.c.str() << ": rows_auto's output vs " << (tc.copies ? "keys_permuted16's" : "rows'");
+}
+
+std::vector<VRowsAutoCase> v_rows_auto_cases() {
+  std::vector<VRowsAutoCase> v;
+  Fp8Case c;
+  c.batch = 2, c.sq = 1600, c.sk = 300, c.hq = 2, c.hkv = 2, c.d = 64, c.softmax_scale = 0.5f;
+  v.push_back({c, true});  // 1600 pairs per key and kv head; a partial last group of 16 keys
+  c.sq = 1400;
+  v.push_back({c, false});  // 1400
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 201, c.sk = 2113, c.hq = 8, c.hkv = 1, c.d = 128, c.k_block = 4096;
+  v.push_back({c, true});  // MQA: 201 rows x 8 heads; per-head scales, >= 2048 keys: the lean wide V^T kernel
+  c.q_block = 64, c.k_block = 128, c.sq = 190;
+  v.push_back({c, false});  // 1520 pairs per key: just below
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 3200, c.sk = 3200, c.hq = 1, c.hkv = 1, c.d = 64, c.causal = true;
+  v.push_back({c, true});  // causal: ~1600 pairs per key
+  c.sq = c.sk = 2048, c.hq = 2, c.hkv = 2;
+  v.push_back({c, false});  // causal: ~1024
+  c = Fp8Case{};
+  c.batch = 1, c.sq = 2600, c.sk = 2600, c.hq = 1, c.hkv = 1, c.d = 64, c.window_left = 1200, c.window_right = 1200;
+  v.push_back({c, true});  // a window: ~1850 pairs per key
+  c.window_left = c.window_right = 500;
+  v.push_back({c, false});  // ~1000
+  c = Fp8Case{};
+  c.seqlens_q = {1700, 1800}, c.seqlens_k = {300, 250}, c.hq = 2, c.hkv = 2, c.d = 64;
+  v.push_back({c, false});  // varlen: never copied (V^T is for fixed-length batches)
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sm90, GpuFp8VRowsAuto, ::testing::ValuesIn(v_rows_auto_cases()),
+                         [](const ::testing::TestParamInfo<VRowsAutoCase>& info) {
+                           return "case" + std::to_string(info.index);
+                         });
 
 // What the sm90 FP8 kernel does not run is refused naming the field, never run wrongly.
 TEST(GpuFp8AttentionApi, RefusesWhatTheKernelCannotRun) {
