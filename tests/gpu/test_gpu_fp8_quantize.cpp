@@ -241,15 +241,17 @@ TEST(GpuFp8Quantize, RefusalsOnDevice) {
 
 // flashattn_fp8_v_keys_permuted16 on CUDA tensors gives the host's bytes over the whole output
 // buffer (keys placed, keyless positions 0, the output poisoned with NaN codes first): ragged key
-// counts, row lengths past the minimum, head dims 64/128/256 from contiguous v (16-byte loads) and
-// 80 from padded v (byte loads); host memory passed as device memory is refused by name.
+// counts, row lengths past the minimum, head dims 64/128/256 from contiguous v (16-byte loads), 4 and
+// 40 (no multiple of 16: byte loads, a tile's columns past the head dim) and 80/128 from padded v (byte loads); host memory passed as
+// device memory is refused by name.
 TEST(GpuFp8VPermute, MatchesTheHostBytes) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
   std::mt19937 rng(fresh_seed());
   struct Case { int b, s, h, d, pad, extra; };
   const Case cases[] = {{2, 1, 3, 64, -1, 0},  {1, 7, 2, 128, -1, 16}, {2, 113, 3, 80, 1, 0},
-                        {1, 799, 4, 256, -1, 48}, {2, 4097, 2, 128, -1, 0}, {1, 200, 5, 128, 2, 32}};
+                        {1, 799, 4, 256, -1, 48}, {2, 4097, 2, 128, -1, 0}, {1, 200, 5, 128, 2, 32},
+                        {3, 33, 2, 40, -1, 0},    {1, 50, 1, 4, -1, 16}};
   for (const Case& c : cases) {
     SCOPED_TRACE("b " + std::to_string(c.b) + " s " + std::to_string(c.s) + " h " + std::to_string(c.h) + " d " +
                  std::to_string(c.d) + " pad " + std::to_string(c.pad) + " extra " + std::to_string(c.extra));
