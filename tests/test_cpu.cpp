@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -714,8 +715,13 @@ TEST(CpuCAbi, BackendsCpuAutoAndReferenceRunThroughTheAbi) {
     size_t ws = 0;
     ASSERT_EQ(flashattn_bwd_workspace_size(&bp, &ws), FLASHATTN_SUCCESS) << flashattn_last_error();
     EXPECT_EQ(ws, size_t(4) * 150 * 4);  // D: one fp32 per query row and head
-    std::vector<unsigned char> workspace(ws);
-    ASSERT_EQ(flashattn_bwd(&bp, workspace.data(), ws, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+    std::vector<unsigned char> workspace(ws + 16);
+    // A caller's workspace must be 16-byte aligned: refused by name, dq/dk/dv left poisoned (from the loop's top).
+    unsigned char* aligned = workspace.data() + (16 - reinterpret_cast<uintptr_t>(workspace.data()) % 16) % 16;
+    EXPECT_EQ(flashattn_bwd(&bp, aligned + 4, ws, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(flashattn_last_error()).rfind("workspace: ", 0), 0u) << flashattn_last_error();
+    EXPECT_FALSE(bitwise_equal(p.dq, dq0));
+    ASSERT_EQ(flashattn_bwd(&bp, aligned, ws, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
     EXPECT_TRUE(bitwise_equal(p.dq, dq0));
     EXPECT_TRUE(bitwise_equal(p.dk, dk0));
     EXPECT_TRUE(bitwise_equal(p.dv, dv0));

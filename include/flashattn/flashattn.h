@@ -297,7 +297,8 @@ FLASHATTN_API flashattn_options flashattn_default_options(void);
 FLASHATTN_API flashattn_fwd_params flashattn_fwd_params_init(void);
 FLASHATTN_API flashattn_bwd_params flashattn_bwd_params_init(void);
 
-/* Bytes of scratch a call needs; pass at least that to the call, or NULL to let it allocate. */
+/* Bytes of scratch a call needs; pass at least that to the call (16-byte aligned, in the tensors' memory
+ * space), or NULL to let it allocate. */
 FLASHATTN_API flashattn_status flashattn_fwd_workspace_size(const flashattn_fwd_params* params,
                                                             size_t* bytes);
 FLASHATTN_API flashattn_status flashattn_bwd_workspace_size(const flashattn_bwd_params* params,

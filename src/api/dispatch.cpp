@@ -2,6 +2,7 @@
 #include "api/dispatch.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -147,6 +148,10 @@ flashattn_status with_workspace(size_t needed, void* workspace, size_t workspace
     if (workspace_bytes < needed)
       return set_error(FLASHATTN_ERROR_WORKSPACE, "workspace_bytes: %zu, but this call needs %zu", workspace_bytes,
                        needed);
+    // TMA reads what the paths put there (the sm90 FP8 V^T copy) and atomics its counters: 16-byte alignment.
+    if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+      return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: %p is not 16-byte aligned (cudaMalloc, malloc and "
+                       "torch give 256 or 16)", workspace);
     return run(workspace);
   }
   if (device < 0) {
