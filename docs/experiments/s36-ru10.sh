@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # s36: ptxas --register-usage-level=10 (FLASHATTN_PTXAS_REGISTER_USAGE_LEVEL) against nvcc's default (5), one call.
+# (The CMake option was removed after this A/B: level 10 measured neutral. To repeat it, add
+# `-Xptxas=--register-usage-level=N` to flashattn_cuda_deps' CUDA compile options.)
 # Pack build-dev/s36ru (pack.part.*): flashattn-bench and flashattn_gpu_tests (hdim-128 build, sm80 + sm90 paths,
 # sm80 SASS for sm_90 only), base/ and ru10/ libraries (same sources; ru10 every CUDA object at level 10).
 # (1) a gate of GPU tests on ru10; (2) flashattn-bench rows base vs ru10, 2 alternated rounds; (3) decode rows.
