@@ -49,14 +49,21 @@ def main(argv=None):
         x = torch.randn(b, s, h, d, device=dev, dtype=dt)
         nblocks = (s + a.block_size - 1) // a.block_size
         moved = x.numel() * x.element_size() + x.numel() + b * h * nblocks * 4
-        for had in (False, True):
-            fn = lambda: flashattn.fp8.quantize(x, block_size=a.block_size, hadamard=had, seed=1)  # noqa: E731
+        # layout "keys_permuted16": V written straight in the sm90 kernel's V^T layout; "rows+convert": the two
+        # passes it replaces (quantize in rows, then keys_permuted16()).
+        q = flashattn.fp8.quantize
+        variants = [("rows", False, lambda: q(x, block_size=a.block_size, seed=1)),
+                    ("rows", True, lambda: q(x, block_size=a.block_size, hadamard=True, seed=1)),
+                    ("keys_permuted16", False, lambda: q(x, block_size=a.block_size, layout="keys_permuted16")),
+                    ("rows+convert", False, lambda: flashattn.fp8.keys_permuted16(q(x, block_size=a.block_size)[0]))]
+        for layout, had, fn in variants:
             ms = time_ms(fn, a, dev)
             gbps = moved / (ms * 1e-3) / 1e9
-            row = dict(shape=[b, s, h, d], dtype=a.dtype, block_size=a.block_size, hadamard=had, ms=ms, gbps=gbps,
-                       pct_of_copy=100 * gbps / copy)
+            row = dict(shape=[b, s, h, d], dtype=a.dtype, block_size=a.block_size, hadamard=had, layout=layout, ms=ms,
+                       gbps=gbps, pct_of_copy=100 * gbps / copy)
             rows.append(row)
-            print(f"{shape:>16} hadamard={int(had)} {ms:8.3f} ms {gbps:7.0f} GB/s {row['pct_of_copy']:5.1f}% of copy")
+            print(f"{shape:>16} hadamard={int(had)} {layout:>15} {ms:8.3f} ms {gbps:7.0f} GB/s "
+                  f"{row['pct_of_copy']:5.1f}% of copy")
         del x
     out = a.out or str(ROOT / "bench" / "results" /
                        f"{''.join(c if c.isalnum() else '-' for c in name.lower())}-{datetime.date.today():%Y%m%d}-fp8-quantize.json")

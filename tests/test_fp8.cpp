@@ -600,6 +600,7 @@ TEST(Fp8Quantize, ParamsInitDefaults) {
   EXPECT_EQ(p.options.device, -1);
   EXPECT_EQ(p.options.backend, FLASHATTN_BACKEND_AUTO);
   EXPECT_EQ(p.scales, nullptr);
+  EXPECT_EQ(p.x_fp8_layout, FLASHATTN_FP8_V_ROWS);
 }
 
 // Every refusal names its field, in both directions; the valid params succeed.
@@ -757,6 +758,112 @@ TEST(Fp8VPermute, RefusesBadInputByName) {
     for (uint8_t x : out) ASSERT_EQ(x, 0x7f) << bad.field << ": a refused call wrote its output";
   }
   EXPECT_EQ(flashattn_fp8_v_keys_permuted16(nullptr, nullptr), FLASHATTN_ERROR_INVALID_ARGUMENT);
+}
+
+// flashattn_fp8_quantize with x_fp8_layout keys_permuted16: the codes and scales of the rows layout, the codes
+// where flashattn_fp8_v_keys_permuted16 puts them (0 at every keyless position of a row, up to L), nothing
+// written between the rows (stride gaps stay poisoned); dequantize reads the layout back to the rows' values.
+// Ragged key counts, block sizes that do and do not divide 16, the transform on and off, rows longer than needed.
+TEST(Fp8Quantize, KeysPermuted16IsTheRowsCodesPermuted) {
+  std::mt19937_64 rng(fresh_seed());
+  constexpr uint8_t kNanCode = 0x7f;
+  int cases = 0;
+  for (int s : {1, 7, 16, 113, 799}) {
+    for (int block : {1, 7, 16, 128, 1000}) {
+      for (bool hadamard : {false, true}) {
+        const int b = 2, h = 3, d = s == 113 ? 64 : 16, extra = s == 7 ? 48 : 0;
+        const flashattn_dtype dtype = hadamard ? FLASHATTN_DTYPE_FP32 : FLASHATTN_DTYPE_BF16;
+        const std::string what = "s " + std::to_string(s) + " block " + std::to_string(block) +
+                                 (hadamard ? " hadamard" : "");
+        SCOPED_TRACE(what);
+        HostTensor x(dtype, b, s, h, d);
+        x.fill_random(rng);
+        // Rows, then the permute pass: the expected bytes.
+        Fp8Buffer rows(b, s, h, d);
+        std::vector<float> sc_rows(size_t(b * h * nblocks(s, block)), -1.f), sc_perm = sc_rows;
+        flashattn_fp8_quantize_params p = fp8_params(x, rows, sc_rows, block, hadamard, 99);
+        ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+        const int64_t L = (s + 15) / 16 * 16 + extra, head = int64_t(d) * L + 32;  // a 32-byte gap after each head
+        std::vector<uint8_t> expect(size_t(b * h * head), kNanCode), got = expect;
+        flashattn_fp8_v_permute_params vp = flashattn_fp8_v_permute_params_init();
+        vp.v = rows.view();
+        vp.v_out = rows.view();
+        vp.v_out.data = expect.data();
+        const int64_t os[4] = {h * head, 1, head, L};
+        std::memcpy(vp.v_out.stride, os, sizeof(os));
+        ASSERT_EQ(flashattn_fp8_v_keys_permuted16(&vp, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+        // Quantized straight into the layout.
+        p = fp8_params(x, rows, sc_perm, block, hadamard, 99);
+        p.x_fp8 = vp.v_out;
+        p.x_fp8.data = got.data();
+        p.x_fp8_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+        ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+        ASSERT_EQ(sc_perm, sc_rows);
+        ASSERT_EQ(got, expect);
+        // Dequantized from either layout: the same values.
+        HostTensor from_rows(FLASHATTN_DTYPE_FP32, b, s, h, d), from_perm(FLASHATTN_DTYPE_FP32, b, s, h, d);
+        flashattn_fp8_quantize_params dq = fp8_params(from_rows, rows, sc_rows, block, hadamard, 99);
+        ASSERT_EQ(flashattn_fp8_dequantize(&dq, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+        dq = fp8_params(from_perm, rows, sc_rows, block, hadamard, 99);
+        dq.x_fp8 = p.x_fp8;
+        dq.x_fp8_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+        ASSERT_EQ(flashattn_fp8_dequantize(&dq, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+        for (int64_t i = 0; i < b * s * h * d; ++i) {
+          const int64_t c = i % d, hh = i / d % h, ss = i / d / h % s, bb = i / d / h / s;
+          const double a = from_rows.get(bb, ss, hh, c), e = from_perm.get(bb, ss, hh, c);
+          ASSERT_TRUE(a == e || (std::isnan(a) && std::isnan(e))) << "(" << bb << ", " << ss << ", " << hh << ", " << c
+                                                                  << "): " << e << " vs rows " << a;
+        }
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 50);
+}
+
+TEST(Fp8Quantize, KeysPermuted16RefusesBadStridesByName) {
+  std::mt19937_64 rng(fresh_seed());
+  const int b = 2, s = 20, h = 2, d = 16;
+  const int64_t L = 32;
+  HostTensor x(FLASHATTN_DTYPE_BF16, b, s, h, d);
+  x.fill_random(rng);
+  Fp8Buffer rows(b, s, h, d);
+  std::vector<float> scales(size_t(b * h), -1.f);
+  std::vector<uint8_t> out(size_t(b * h * d * L), 0x7f);
+  auto good = [&] {
+    flashattn_fp8_quantize_params p = fp8_params(x, rows, scales, 128, false, 0);
+    p.x_fp8.data = out.data();
+    const int64_t os[4] = {h * d * L, 1, d * L, L};
+    std::memcpy(p.x_fp8.stride, os, sizeof(os));
+    p.x_fp8_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+    return p;
+  };
+  struct Case { const char* field; std::function<void(flashattn_fp8_quantize_params&)> breaks; };
+  const Case bads[] = {
+      {"x_fp8_layout", [](auto& p) { p.x_fp8_layout = FLASHATTN_FP8_V_ROWS_AUTO; }},
+      {"x_fp8_layout", [](auto& p) { p.x_fp8_layout = -1; }},
+      {"x_fp8.stride[1]", [](auto& p) { p.x_fp8.stride[1] = 16; }},
+      {"x_fp8.stride[3]", [](auto& p) { p.x_fp8.stride[3] = 16; }},  // < 20 rounded up to 16
+      {"x_fp8.stride[3]", [](auto& p) { p.x_fp8.stride[3] = 40; }},  // not a multiple of 16
+      {"x_fp8.stride[2]", [](auto& p) { p.x_fp8.stride[2] = d * L - 16; }},
+      {"x_fp8.stride[0]", [](auto& p) { p.x_fp8.stride[0] = d * L; }},
+      {"x_fp8.stride[3]", [](auto& p) { p.x_fp8_layout = FLASHATTN_FP8_V_ROWS; }},  // the rows layout's rule
+  };
+  for (int dir = 0; dir < 2; ++dir) {
+    flashattn_fp8_quantize_params p = good();
+    ASSERT_EQ(dir == 0 ? flashattn_fp8_quantize(&p, nullptr) : flashattn_fp8_dequantize(&p, nullptr), FLASHATTN_SUCCESS)
+        << flashattn_last_error();
+    for (const Case& bad : bads) {
+      const std::vector<uint8_t> before = out;
+      p = good();
+      bad.breaks(p);
+      EXPECT_EQ(dir == 0 ? flashattn_fp8_quantize(&p, nullptr) : flashattn_fp8_dequantize(&p, nullptr),
+                FLASHATTN_ERROR_INVALID_ARGUMENT) << bad.field;
+      const std::string msg = flashattn_last_error();
+      EXPECT_EQ(msg.rfind(bad.field, 0), 0u) << "message should start with " << bad.field << ": " << msg;
+      ASSERT_EQ(out, before) << bad.field << ": a refused call wrote its output";
+    }
+  }
 }
 
 }  // namespace

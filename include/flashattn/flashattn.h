@@ -388,7 +388,12 @@ FLASHATTN_API flashattn_status flashattn_combine(const flashattn_combine_params*
  * the host's in its last bits and a code by one E4M3 step where x' / scale lies on a rounding
  * boundary (without the transform the results are the host's bit for bit, fp32 inputs in the
  * denormal range aside: the GPU flushes them to 0). flashattn_fp8_dequantize of CUDA tensors
- * returns FLASHATTN_ERROR_NOT_SUPPORTED. */
+ * returns FLASHATTN_ERROR_NOT_SUPPORTED.
+ * x_fp8_layout FLASHATTN_FP8_V_KEYS_PERMUTED16 writes (and dequantize reads) x_fp8 in the layout the
+ * FP8 attention takes for v (flashattn_fp8_v_layout: x_fp8.stride[1] = 1, x_fp8.stride[3] = L a
+ * multiple of 16 >= seqlen rounded up to 16, rows that do not overlap), so a V quantized that way
+ * needs no separate flashattn_fp8_v_keys_permuted16 pass; quantize writes 0 to every position of a
+ * row that holds no key (seqlen >= 1). The codes and scales are those of the rows layout. */
 typedef struct flashattn_fp8_quantize_params {
   uint32_t struct_size;  /* sizeof(flashattn_fp8_quantize_params) */
   flashattn_dtype dtype; /* of x: fp16, bf16, fp32 or fp64 */
@@ -407,6 +412,9 @@ typedef struct flashattn_fp8_quantize_params {
   /* Only backend (AUTO, CPU or REFERENCE for host tensors: all run the same host code), device
    * and num_threads are read; the attention options are ignored. */
   flashattn_options options;
+  /* The layout of x_fp8: FLASHATTN_FP8_V_ROWS (0, x's layout: x_fp8.stride[3] = 1) or
+   * FLASHATTN_FP8_V_KEYS_PERMUTED16 (1, above). */
+  int32_t x_fp8_layout;
 } flashattn_fp8_quantize_params;
 
 /* struct_size set, dtype bf16, block_size 128, hadamard off, host tensors, backend AUTO, strides

@@ -199,6 +199,7 @@ class Fp8QuantizeParams(ctypes.Structure):
         ("hadamard", ctypes.c_int32),
         ("hadamard_seed", ctypes.c_uint64),
         ("options", Options),
+        ("x_fp8_layout", ctypes.c_int32),  # 0 rows, 1 keys_permuted16 (flashattn_fp8_v_layout)
     ]
 
 

@@ -22,7 +22,8 @@ static_assert(offsetof(flashattn_fp8_quantize_params, x) == 8 && offsetof(flasha
                   offsetof(flashattn_fp8_quantize_params, block_size) == 160 &&
                   offsetof(flashattn_fp8_quantize_params, hadamard_seed) == 168 &&
                   offsetof(flashattn_fp8_quantize_params, options) == 176 &&
-                  sizeof(flashattn_fp8_quantize_params) == 216,
+                  offsetof(flashattn_fp8_quantize_params, x_fp8_layout) == 216 &&
+                  sizeof(flashattn_fp8_quantize_params) == 224,
               "flashattn_fp8_quantize_params layout changed (python/flashattn/_lib.py mirrors it)");
 #endif
 
@@ -39,6 +40,25 @@ flashattn_status check_strides(const char* name, const int64_t (&stride)[4]) {
   if (stride[3] != 1)
     return set_error(kInvalid, "%s.stride[3]: %lld (the last dimension, headdim, must be contiguous: stride 1)",
                      name, (long long)stride[3]);
+  return FLASHATTN_SUCCESS;
+}
+
+// The keys_permuted16 layout's strides (flashattn.h), of a tensor `name` of shape [b, s, h, d].
+flashattn_status check_keys_permuted16_strides(const char* name, const int64_t (&os)[4], int64_t s, int64_t h,
+                                               int64_t d) {
+  const int64_t need = (s + 15) / 16 * 16;
+  if (os[1] != 1)
+    return set_error(kInvalid, "%s.stride[1]: %lld (keys_permuted16: the keys are contiguous, stride 1)", name,
+                     (long long)os[1]);
+  if (os[3] < need || os[3] % 16 != 0)
+    return set_error(kInvalid, "%s.stride[3]: %lld (keys_permuted16: the row length L, a multiple of 16 >= "
+                     "seqlen rounded up to 16 = %lld)", name, (long long)os[3], (long long)need);
+  if (os[2] < d * os[3])
+    return set_error(kInvalid, "%s.stride[2]: %lld (the head's rows overlap: at least headdim * %s.stride[3] "
+                     "= %lld)", name, (long long)os[2], name, (long long)(d * os[3]));
+  if (os[0] < h * os[2])
+    return set_error(kInvalid, "%s.stride[0]: %lld (the batch entries overlap: at least nheads * "
+                     "%s.stride[2] = %lld)", name, (long long)os[0], name, (long long)(h * os[2]));
   return FLASHATTN_SUCCESS;
 }
 
@@ -75,7 +95,12 @@ flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool
                        "headdim])", i, (long long)p.x_fp8.shape[i], (long long)shp[i]);
   }
   if ((st = check_strides("x", p.x.stride)) != FLASHATTN_SUCCESS) return st;
-  if ((st = check_strides("x_fp8", p.x_fp8.stride)) != FLASHATTN_SUCCESS) return st;
+  if (p.x_fp8_layout != FLASHATTN_FP8_V_ROWS && p.x_fp8_layout != FLASHATTN_FP8_V_KEYS_PERMUTED16)
+    return set_error(kInvalid, "x_fp8_layout: %d (0: rows, 1: keys_permuted16)", int(p.x_fp8_layout));
+  const bool permuted = p.x_fp8_layout == FLASHATTN_FP8_V_KEYS_PERMUTED16;
+  if ((st = permuted ? check_keys_permuted16_strides("x_fp8", p.x_fp8.stride, shp[1], shp[2], shp[3])
+                     : check_strides("x_fp8", p.x_fp8.stride)) != FLASHATTN_SUCCESS)
+    return st;
   if (p.block_size < 1) return set_error(kInvalid, "block_size: %d (must be >= 1)", p.block_size);
   if (p.hadamard != 0 && p.hadamard != 1) return set_error(kInvalid, "hadamard: %d (0 or 1)", p.hadamard);
   const int64_t b = shp[0], s = shp[1], h = shp[2], d = shp[3];
@@ -117,6 +142,7 @@ flashattn_status normalize_fp8(const flashattn_fp8_quantize_params* caller, bool
   std::memcpy(c.x_stride, p.x.stride, sizeof(c.x_stride));
   c.x_fp8 = static_cast<uint8_t*>(p.x_fp8.data);
   std::memcpy(c.x_fp8_stride, p.x_fp8.stride, sizeof(c.x_fp8_stride));
+  c.keys_permuted16 = permuted;
   c.scales = p.scales;
   c.block_size = p.block_size;
   c.hadamard = p.hadamard != 0;
@@ -177,19 +203,7 @@ flashattn_status normalize_v_permute(const flashattn_fp8_v_permute_params* calle
   if ((st = check_strides("v", p.v.stride)) != FLASHATTN_SUCCESS) return st;
   const int64_t b = shp[0], s = shp[1], h = shp[2], d = shp[3];
   const int64_t* os = p.v_out.stride;
-  const int64_t need = (s + 15) / 16 * 16;
-  if (os[1] != 1)
-    return set_error(kInvalid, "v_out.stride[1]: %lld (keys_permuted16: the keys are contiguous, stride 1)",
-                     (long long)os[1]);
-  if (os[3] < need || os[3] % 16 != 0)
-    return set_error(kInvalid, "v_out.stride[3]: %lld (keys_permuted16: the row length L, a multiple of 16 >= "
-                     "seqlen rounded up to 16 = %lld)", (long long)os[3], (long long)need);
-  if (os[2] < d * os[3])
-    return set_error(kInvalid, "v_out.stride[2]: %lld (the head's rows overlap: at least headdim * v_out.stride[3] "
-                     "= %lld)", (long long)os[2], (long long)(d * os[3]));
-  if (os[0] < h * os[2])
-    return set_error(kInvalid, "v_out.stride[0]: %lld (the batch entries overlap: at least nheads * "
-                     "v_out.stride[2] = %lld)", (long long)os[0], (long long)(h * os[2]));
+  if ((st = check_keys_permuted16_strides("v_out", p.v_out.stride, s, h, d)) != FLASHATTN_SUCCESS) return st;
 #if !defined(FLASHATTN_HAS_CUDA)
   if (device >= 0)
     return set_error(FLASHATTN_ERROR_NO_DEVICE, "options.device: %d, but this build has no CUDA support", device);

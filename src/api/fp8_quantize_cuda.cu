@@ -126,9 +126,18 @@ __global__ void __launch_bounds__(kThreads) fp8_quantize_kernel(const Fp8Args a)
     const float scale = block_scale<kWarps>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
 
     for (int64_t s = s0 + warp; s < s1; s += kWarps) {
-      uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
+      uint8_t* dst = p.x_fp8 + cpu::fp8_code_offset(p, b, s, h, 0);
+      const int64_t cs = p.x_fp8_stride[3];
       for_each_value(a, signs, row, b, s, h, lane,
-                     [&](int64_t c, float x) { dst[c] = float_to_e4m3(__fdiv_rn(x, scale)); });
+                     [&](int64_t c, float x) { dst[c * cs] = float_to_e4m3(__fdiv_rn(x, scale)); });
+    }
+    if (p.keys_permuted16 && blk == a.nblocks - 1) {  // 0 where no key sits (as on the host)
+      const int64_t row_len = p.x_fp8_stride[3], first = p.seqlen / 16 * 16, n = row_len - first;
+      uint8_t* row0 = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
+      for (int64_t i = threadIdx.x; i < n * p.headdim; i += kThreads) {
+        const int64_t pos = first + i % n, c = i / n;
+        if ((pos & ~int64_t(15)) + fp8_v_key_at_position(int(pos & 15)) >= p.seqlen) row0[c * row_len + pos] = 0;
+      }
     }
     __syncthreads();  // warp_amax is rewritten by the next item
   }
@@ -321,9 +330,18 @@ __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, f
 template <int kSlots, bool kHadamard>
 constexpr bool kKeepTransformed = kHadamard && kSlots <= 8;
 
-template <int kSlots, bool kHadamard, bool kBf16>
+// kPermuted (no transform; a scale block a multiple of 16 keys or the whole sequence): x_fp8 in the
+// keys_permuted16 layout. The item's codes go to shared memory in rows (kSlots x 2 KB, after the prefetch
+// buffer; each 8-byte piece XOR-swizzled by its 16-key group so the column reads below hit distinct
+// banks), then each thread gathers one 16-key group of one column, in the layout's key order, and
+// stores it as 16 bytes (a column's groups are neighbouring threads: contiguous stores).
+template <int kSlots>
+constexpr int kRegStageBytes = kSlots * kRegThreads * 8;
+
+template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false>
 __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<kSlots, kHadamard> ? 3 : 2)
     fp8_quantize_reg_kernel(const Fp8Args a) {
+  static_assert(!(kPermuted && kHadamard), "the keys_permuted16 output is built for V (no transform)");
   constexpr bool kKeep = kKeepTransformed<kSlots, kHadamard>;
   const cpu::Fp8QuantizeParams& p = a.p;
   __shared__ float warp_amax[kRegThreads / 32];
@@ -340,7 +358,11 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
   // into shared memory (cp.async) while this one is computed, so a CTA's loads, math and stores
   // overlap instead of each item paying a DRAM round trip with the SM's other work in the same
   // phase. Each thread copies only the 16-byte chunks it reads itself: [slot][thread], no barrier.
-  extern __shared__ uint4 prefetched[];  // [kSlots][kRegThreads]
+  extern __shared__ uint4 prefetched[];  // [kSlots][kRegThreads], then (kPermuted) the item's codes
+  uint8_t* const stage = reinterpret_cast<uint8_t*>(prefetched + kSlots * kRegThreads);
+  const int d = int(p.headdim);
+  // The swizzle of an 8-byte piece: its index XOR the group's low bits, within a power-of-two row of pieces.
+  const int swz = (cpr & (cpr - 1)) == 0 ? (cpr < 8 ? cpr - 1 : 7) : 0;
   struct Item {
     int64_t b, h, s0, bh, blk;
     int nrows, slots;
@@ -431,8 +453,9 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
     const float scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
     const float rcp = __frcp_rn(scale);
 
-    uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2] + (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
-    const int64_t dst_slot_stride = int64_t(rows_per_pass) * p.x_fp8_stride[1];
+    uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
+    if constexpr (!kPermuted) dst += (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
+    const int64_t dst_slot_stride = kPermuted ? 0 : int64_t(rows_per_pass) * p.x_fp8_stride[1];
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i >= slots) break;
@@ -443,9 +466,38 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       } else {
         values(i, v);
       }
-      if (valid(i)) *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = e4m3_codes8(v, scale, -scale, rcp);
+      if (valid(i)) {
+        const uint2 codes = e4m3_codes8(v, scale, -scale, rcp);
+        if constexpr (kPermuted) {
+          const int key = r0 + i * rows_per_pass;  // in the item
+          *reinterpret_cast<uint2*>(stage + key * d + ((chunk ^ ((key >> 4) & swz)) << 3)) = codes;
+        } else {
+          *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = codes;
+        }
+      }
     }
-    __syncthreads();  // warp_amax is rewritten by the next item
+    if constexpr (kPermuted) {
+      __syncthreads();  // the item's codes staged
+      const int groups = (nrows + 15) / 16;
+      const int64_t row_len = p.x_fp8_stride[3];
+      for (int q = threadIdx.x; q < d * groups; q += kRegThreads) {
+        const int g = q % groups, c = q / groups;
+        const uint8_t* col = stage + g * 16 * d + ((((c >> 3) ^ (g & swz)) << 3) | (c & 7));
+        const int keys = nrows - 16 * g;  // keys of this group in the item (>= 16: all)
+        auto code = [&](int k) { return k < keys ? uint32_t(col[k * d]) : 0u; };
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)  // positions 4j..4j+3 hold keys 2j, 2j+1, 2j+8, 2j+9 (fp8_v_key_position)
+          w[j] = code(2 * j) | code(2 * j + 1) << 8 | code(2 * j + 8) << 16 | code(2 * j + 9) << 24;
+        *reinterpret_cast<uint4*>(dst + c * row_len + s0 + 16 * g) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      if (blk == a.nblocks - 1) {  // the groups past the last key, up to L: 0
+        const int64_t first = (p.seqlen + 15) / 16 * 16, extra = (row_len - first) / 16;
+        for (int64_t q = threadIdx.x; q < d * extra; q += kRegThreads)
+          *reinterpret_cast<uint4*>(dst + (q / extra) * row_len + first + 16 * (q % extra)) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    __syncthreads();  // warp_amax (and the staged codes) are rewritten by the next item
   }
 }
 
@@ -455,10 +507,20 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
 // 128 up to headdim 256; the transform needs a power-of-two headdim, already checked).
 int reg_slots(const cpu::Fp8QuantizeParams& p) {
   if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16) return 0;
-  if (p.headdim < 8 || p.headdim % 8 != 0 || p.headdim > 256 || p.x_stride[3] != 1 || p.x_fp8_stride[3] != 1) return 0;
-  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x_fp8) % 8 != 0) return 0;
+  if (p.headdim < 8 || p.headdim % 8 != 0 || p.headdim > 256 || p.x_stride[3] != 1) return 0;
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return 0;
   for (int i = 0; i < 3; ++i)
-    if (p.x_stride[i] % 8 != 0 || p.x_fp8_stride[i] % 8 != 0) return 0;
+    if (p.x_stride[i] % 8 != 0) return 0;
+  if (p.keys_permuted16) {
+    // Items start on a 16-key group; 16-byte stores (L is a multiple of 16).
+    if (p.hadamard || (p.block_size % 16 != 0 && p.block_size < p.seqlen)) return 0;
+    if (reinterpret_cast<uintptr_t>(p.x_fp8) % 16 != 0 || p.x_fp8_stride[0] % 16 != 0 || p.x_fp8_stride[2] % 16 != 0)
+      return 0;
+  } else {
+    if (p.x_fp8_stride[3] != 1 || reinterpret_cast<uintptr_t>(p.x_fp8) % 8 != 0) return 0;
+    for (int i = 0; i < 3; ++i)
+      if (p.x_fp8_stride[i] % 8 != 0) return 0;
+  }
   const int64_t rows = p.block_size < p.seqlen ? p.block_size : p.seqlen;
   const int64_t rows_per_pass = kRegThreads / (p.headdim / 8);
   const int64_t slots = (rows + rows_per_pass - 1) / rows_per_pass;
@@ -468,10 +530,10 @@ int reg_slots(const cpu::Fp8QuantizeParams& p) {
 // The register kernel's instantiation for (slots, transform, dtype), launched on a persistent grid
 // (its resident CTAs, from an occupancy query made once per device and instantiation) of at most
 // `items` CTAs, with its prefetch buffer as dynamic shared memory.
-template <int kSlots, bool kHadamard, bool kBf16>
+template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false>
 cudaError_t launch_reg_kernel(int64_t items, const Fp8Args& a, cudaStream_t stream) {
-  auto kernel = fp8_quantize_reg_kernel<kSlots, kHadamard, kBf16>;
-  constexpr int kSmem = kSlots * kRegThreads * int(sizeof(uint4));
+  auto kernel = fp8_quantize_reg_kernel<kSlots, kHadamard, kBf16, kPermuted>;
+  constexpr int kSmem = kSlots * kRegThreads * int(sizeof(uint4)) + (kPermuted ? kRegStageBytes<kSlots> : 0);
   constexpr int kMaxDevices = 64;
   static std::atomic<int> resident[kMaxDevices];
   int dev = 0;
@@ -500,6 +562,13 @@ cudaError_t launch_reg_kernel(bool bf16, int64_t items, const Fp8Args& a, cudaSt
 }
 cudaError_t launch_reg_kernel(int slots, bool hadamard, bool bf16, int64_t items, const Fp8Args& a,
                               cudaStream_t stream) {
+  if (a.p.keys_permuted16) {  // reg_slots: no transform
+    if (slots == 8)
+      return bf16 ? launch_reg_kernel<8, false, true, true>(items, a, stream)
+                  : launch_reg_kernel<8, false, false, true>(items, a, stream);
+    return bf16 ? launch_reg_kernel<kRegMaxRows, false, true, true>(items, a, stream)
+                : launch_reg_kernel<kRegMaxRows, false, false, true>(items, a, stream);
+  }
   if (slots == 8)
     return hadamard ? launch_reg_kernel<8, true>(bf16, items, a, stream) : launch_reg_kernel<8, false>(bf16, items, a, stream);
   return hadamard ? launch_reg_kernel<kRegMaxRows, true>(bf16, items, a, stream)
@@ -509,6 +578,7 @@ cudaError_t launch_reg_kernel(int slots, bool hadamard, bool bf16, int64_t items
 // Whether fp8_quantize_vec_kernel can take p: no transform, 16-bit input, contiguous 16-byte
 // aligned input rows and 8-byte aligned output rows.
 bool vec_path_ok(const cpu::Fp8QuantizeParams& p) {
+  if (p.keys_permuted16) return false;
   if (p.hadamard || (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)) return false;
   if (p.headdim % 8 != 0 || p.x_stride[3] != 1 || p.x_fp8_stride[3] != 1) return false;
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x_fp8) % 8 != 0) return false;

@@ -49,6 +49,12 @@ FA_HD constexpr int fp8_v_key_position(int j) {
   return (j & ~15) | ((k & 6) << 1) | ((k & 8) >> 2) | (k & 1);
 }
 
+// The key at position p of a keys_permuted16 row (the inverse of fp8_v_key_position).
+FA_HD constexpr int fp8_v_key_at_position(int p) {
+  const int q = p & 15;
+  return (p & ~15) | ((q & 12) >> 1) | ((q & 2) << 2) | (q & 1);
+}
+
 // The dequantized value of an E4M3 code under `scale`, exactly: the code has 4 significant bits and
 // the scale 24, so the product fits a double (NaN codes stay NaN).
 FA_HD double fp8_dequantize_exact(uint8_t code, float scale) { return double(e4m3_to_float(code)) * double(scale); }

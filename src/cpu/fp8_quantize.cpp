@@ -98,10 +98,20 @@ flashattn_status fp8_quantize(const Fp8QuantizeParams& p) {
     }
     const float scale = fp8_scale_from_amax(amax);
     p.scales[(b * p.nheads + h) * nblocks + blk] = scale;
+    const int64_t cs = p.x_fp8_stride[3];
     for (int64_t s = s0; s < s1; ++s) {
       transformed_row(p, t, b, s, h, sc.row, sc.xf);
-      uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
-      for (int64_t c = 0; c < p.headdim; ++c) dst[c] = float_to_e4m3(sc.xf[size_t(c)] / scale);
+      uint8_t* dst = p.x_fp8 + fp8_code_offset(p, b, s, h, 0);
+      for (int64_t c = 0; c < p.headdim; ++c) dst[c * cs] = float_to_e4m3(sc.xf[size_t(c)] / scale);
+    }
+    // keys_permuted16: the last block's item writes 0 where no key sits (the positions of keys >= seqlen, up
+    // to L), never a position another item writes.
+    if (p.keys_permuted16 && blk == nblocks - 1) {
+      uint8_t* row0 = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
+      for (int64_t pos = p.seqlen / 16 * 16; pos < cs; ++pos) {
+        if ((pos & ~int64_t(15)) + fp8_v_key_at_position(int(pos & 15)) < p.seqlen) continue;
+        for (int64_t c = 0; c < p.headdim; ++c) row0[c * cs + pos] = 0;
+      }
     }
   });
 }
@@ -112,10 +122,11 @@ flashattn_status fp8_dequantize(const Fp8QuantizeParams& p) {
   return run_blocks(p, "fp8_dequantize", [&](int64_t b, int64_t h, int64_t blk, Scratch& sc) {
     const int64_t s0 = blk * p.block_size, s1 = std::min(p.seqlen, s0 + p.block_size);
     const double scale = p.scales[(b * p.nheads + h) * nblocks + blk];
+    const int64_t cs = p.x_fp8_stride[3];
     for (int64_t s = s0; s < s1; ++s) {
-      const uint8_t* src = p.x_fp8 + b * p.x_fp8_stride[0] + s * p.x_fp8_stride[1] + h * p.x_fp8_stride[2];
+      const uint8_t* src = p.x_fp8 + fp8_code_offset(p, b, s, h, 0);
       // code * scale is exact in fp64 (4 significant bits times 24).
-      for (int64_t c = 0; c < p.headdim; ++c) sc.row[size_t(c)] = double(e4m3_to_float(src[c])) * scale;
+      for (int64_t c = 0; c < p.headdim; ++c) sc.row[size_t(c)] = double(e4m3_to_float(src[c * cs])) * scale;
       if (t.on) hadamard_inverse(sc.row.data(), t.signs.data(), t.n, t.inv_sqrt_n);
       const int64_t base = b * p.x_stride[0] + s * p.x_stride[1] + h * p.x_stride[2];
       for (int64_t c = 0; c < p.headdim; ++c) store_double(p.x, p.dtype, base + c, sc.row[size_t(c)]);

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/fp8_scales.h"
+#include "common/hd.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn::cpu {
@@ -16,11 +18,20 @@ struct Fp8QuantizeParams {
   int64_t x_stride[4] = {0, 0, 0, 1};
   uint8_t* x_fp8 = nullptr;  // same shape, E4M3 codes
   int64_t x_fp8_stride[4] = {0, 0, 0, 1};
+  // x_fp8 in the keys_permuted16 layout (flashattn.h): x_fp8_stride[1] = 1, x_fp8_stride[3] = L, key s of a
+  // column's row at position fp8_v_key_position(s); positions that hold no key are written 0.
+  bool keys_permuted16 = false;
   float* scales = nullptr;  // contiguous [batch, nheads, num_blocks]
   int64_t block_size = 1;
   bool hadamard = false;  // needs hadamard_dim_supported(headdim)
   uint64_t hadamard_seed = 0;
 };
+
+// Where the code of (b, s, h, c) lives in x_fp8, in either layout.
+FA_HD int64_t fp8_code_offset(const Fp8QuantizeParams& p, int64_t b, int64_t s, int64_t h, int64_t c) {
+  const int64_t pos = p.keys_permuted16 ? (s & ~int64_t(15)) | fp8_v_key_position(int(s & 15)) : s;
+  return b * p.x_fp8_stride[0] + pos * p.x_fp8_stride[1] + h * p.x_fp8_stride[2] + c * p.x_fp8_stride[3];
+}
 
 inline int64_t fp8_num_blocks(int64_t seqlen, int64_t block_size) { return (seqlen + block_size - 1) / block_size; }
 

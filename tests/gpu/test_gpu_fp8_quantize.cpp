@@ -201,6 +201,126 @@ TEST(GpuFp8Quantize, MatchesHost) {
       << tot_had.off_by_one << " of " << tot_had.elems << " codes differ by one step with the transform";
 }
 
+// x_fp8_layout keys_permuted16 on the GPU gives the host's bytes over the whole output buffer (poisoned
+// first: the codes where the layout puts them, 0 at the keyless positions up to L, the gaps between heads
+// untouched) and the host's scales. The host's bytes are checked against flashattn_fp8_v_keys_permuted16 in
+// tests/test_fp8.cpp. Cases: the register kernel's staged transpose (16-bit contiguous x, a 16-byte aligned
+// output, blocks a multiple of 16 or the whole sequence: 8 and 16 rows per thread, head dims 40 (no swizzle),
+// 64, 128, 256, ragged last groups, rows longer than needed), and the per-byte kernel for the rest (a block
+// of 7, fp32 x, strided x, an unaligned head stride, the transform: one-step code differences allowed there,
+// as in MatchesHost).
+void run_permuted_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadamard, bool dense, int extra,
+                       int head_gap, uint64_t seed, Totals* tot) {
+  const int64_t b = 2, h = 3;
+  SCOPED_TRACE(std::string(dtype == FLASHATTN_DTYPE_FP32 ? "fp32" : dtype == FLASHATTN_DTYPE_FP16 ? "fp16" : "bf16") +
+               " s=" + std::to_string(s) + " d=" + std::to_string(d) + " block=" + std::to_string(block) +
+               " hadamard=" + std::to_string(hadamard) + (dense ? " dense" : " strided") + " extra=" +
+               std::to_string(extra) + " head_gap=" + std::to_string(head_gap));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> unif(0.f, 1.f);
+  Strided x(b, s, h, d, elem_size(dtype), dense ? -1 : 8);
+  for (int64_t ib = 0; ib < b; ++ib)
+    for (int64_t is = 0; is < s; ++is)
+      for (int64_t ih = 0; ih < h; ++ih)
+        for (int64_t c = 0; c < d; ++c) {
+          float v = normal(rng) * std::ldexp(1.f, int(ih) * 3 - 3);
+          if (unif(rng) < 2e-3f) v *= 50.f + 500.f * unif(rng);
+          store(x, dtype, x.index(ib, is, ih, c), v);
+        }
+  const int64_t L = (s + 15) / 16 * 16 + extra, head = d * L + head_gap;
+  const int64_t stride[4] = {h * head, 1, head, L};
+  std::vector<uint8_t> q_host(size_t(b * h * head), kPoison), q_dev = q_host;
+  const int64_t nblocks = (s + block - 1) / block;
+  const size_t nscales = size_t(b * h * nblocks);
+  std::vector<float> sc_host(nscales, -1.f), sc_dev(nscales, -1.f);
+  flashattn_fp8_quantize_params p = flashattn_fp8_quantize_params_init();
+  p.dtype = dtype;
+  p.x = x.view(x.bytes.data());
+  p.x_fp8 = x.view(q_host.data());
+  std::memcpy(p.x_fp8.stride, stride, sizeof(stride));
+  p.x_fp8_layout = FLASHATTN_FP8_V_KEYS_PERMUTED16;
+  p.scales = sc_host.data();
+  p.block_size = block;
+  p.hadamard = hadamard;
+  p.hadamard_seed = seed;
+  ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+
+  void *dx = nullptr, *dq = nullptr, *ds = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.bytes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dq, q_dev.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, nscales * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.bytes.data(), x.bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dq, q_dev.data(), q_dev.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ds, sc_dev.data(), nscales * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  p.x.data = dx;
+  p.x_fp8.data = dq;
+  p.scales = static_cast<float*>(ds);
+  p.options.device = 0;
+  ASSERT_EQ(flashattn_fp8_quantize(&p, nullptr), FLASHATTN_SUCCESS) << flashattn_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  ASSERT_EQ(cudaMemcpy(q_dev.data(), dq, q_dev.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sc_dev.data(), ds, nscales * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(ds);
+  for (size_t i = 0; i < nscales; ++i) {
+    if (hadamard) {
+      ASSERT_LE(std::fabs(sc_dev[i] - sc_host[i]), 1e-6f * sc_host[i]) << "scale " << i;
+    } else {
+      ASSERT_EQ(sc_dev[i], sc_host[i]) << "scale " << i;
+    }
+  }
+  int64_t off = 0;
+  for (size_t i = 0; i < q_dev.size(); ++i) {
+    const uint8_t a = q_dev[i], e = q_host[i];
+    if (a == e || (is_nan_code(a) && is_nan_code(e))) continue;
+    ASSERT_TRUE(hadamard) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ASSERT_NE(e, kPoison) << "byte " << i << " (outside the codes): device wrote " << int(a);
+    ASSERT_LE(std::abs(position(a) - position(e)), 1) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ++off;
+  }
+  tot->elems += b * s * h * d;
+  tot->off_by_one += off;
+}
+
+TEST(GpuFp8Quantize, KeysPermuted16MatchesHost) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const uint64_t seed0 = fresh_seed();
+  struct Case {
+    flashattn_dtype dtype;
+    int64_t s, d;
+    int block;
+    bool hadamard, dense;
+    int extra, head_gap;
+  };
+  const flashattn_dtype bf = FLASHATTN_DTYPE_BF16, fp = FLASHATTN_DTYPE_FP16, f32 = FLASHATTN_DTYPE_FP32;
+  const Case cases[] = {
+      {bf, 4097, 128, 128, false, true, 0, 0},   // register kernel, 8 rows per thread, one key in the last group
+      {fp, 799, 64, 128, false, true, 0, 0},     // 4 rows per thread
+      {bf, 113, 256, 64, false, true, 32, 16},   // 8 rows per thread at 256 columns, rows past the minimum
+      {bf, 7, 128, 128, false, true, 48, 0},     // one partial group, then 3 keyless groups
+      {bf, 1000, 128, 256, false, true, 0, 0},   // 16 rows per thread
+      {fp, 300, 40, 16, false, true, 0, 0},      // 5 pieces a row: no swizzle; 16-key blocks
+      {bf, 1, 64, 128, false, true, 0, 0},
+      {bf, 113, 128, 7, false, true, 0, 0},      // blocks straddle the groups: the per-byte kernel
+      {f32, 113, 64, 128, false, true, 0, 0},    // fp32 x
+      {bf, 799, 128, 128, false, false, 0, 0},   // strided x
+      {bf, 200, 64, 128, false, true, 0, 8},     // head stride not a multiple of 16
+      {bf, 113, 64, 128, true, true, 16, 0},     // the transform (per-byte kernel)
+  };
+  Totals tot_had, tot;
+  int n = 0;
+  for (const Case& c : cases) {
+    run_permuted_case(c.dtype, c.s, c.d, c.block, c.hadamard, c.dense, c.extra, c.head_gap, seed0 + uint64_t(n++),
+                      c.hadamard ? &tot_had : &tot);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(tot.off_by_one, 0);
+  EXPECT_LT(double(tot_had.off_by_one), 1e-3 * double(tot_had.elems));
+}
+
 TEST(GpuFp8Quantize, RefusalsOnDevice) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;

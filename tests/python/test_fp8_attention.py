@@ -388,6 +388,46 @@ def test_keys_permuted16_refuses_bad_arguments():
         fp8.keys_permuted16(v[0])
 
 
+_QUANT_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _QUANT_DEVICES)
+@pytest.mark.parametrize("s, d, block, dtype", [(1, 64, 128, torch.bfloat16), (7, 16, 7, torch.float32),
+                                                (113, 64, 16, torch.float16), (300, 128, 128, torch.bfloat16),
+                                                (799, 40, 256, torch.bfloat16)])
+def test_quantize_keys_permuted16_is_the_conversion_of_rows(device, s, d, block, dtype):
+    """quantize(x, layout="keys_permuted16") writes in one pass what keys_permuted16(quantize(x)) writes in two: the
+    same storage bytes (keyless positions 0), the same scales, the handle's strides; dequantize reads it back to the
+    rows' values."""
+    g = _gen(30)
+    b, h = 2, 3
+    x = (torch.randn(b, s, h, d, generator=g) * 3).to(dtype).to(device)
+    rows, sc_rows = fp8.quantize(x, block_size=block)
+    vt, sc_vt = fp8.quantize(x, block_size=block, layout="keys_permuted16")
+    L = -(-s // 16) * 16
+    assert vt.dtype == E4M3 and vt.shape == x.shape and vt.stride() == (h * d * L, 1, d * L, L)
+    assert torch.equal(sc_vt, sc_rows)
+    assert torch.equal(_vt_rows(vt), _vt_rows(fp8.keys_permuted16(rows)))
+    # Dequantized on the host (a copy of the handle would read positions, not keys: move its storage).
+    vt_host = torch.as_strided(_vt_rows(vt).cpu().view(E4M3), vt.shape, vt.stride())
+    back = fp8.dequantize(vt_host, sc_vt.cpu(), block, layout="keys_permuted16")
+    assert torch.equal(back, fp8.dequantize(rows.cpu(), sc_rows.cpu(), block))
+    assert not torch.isnan(back).any()
+
+
+def test_quantize_layout_is_checked_by_name():
+    x = torch.randn(1, 20, 2, 16)
+    for bad in ("cols", "keys_permuted", 1, None):
+        with pytest.raises(ValueError, match="quantize: layout must be"):
+            fp8.quantize(x, layout=bad)
+        with pytest.raises(ValueError, match="dequantize: layout must be"):
+            fp8.dequantize(fp8.quantize(x)[0], fp8.quantize(x)[1], 128, layout=bad)
+    # A rows tensor passed as keys_permuted16: its strides are refused by the C call, by name.
+    q, sc = fp8.quantize(x)
+    with pytest.raises(ValueError, match="x_fp8.stride"):
+        fp8.dequantize(q, sc, 128, layout="keys_permuted16")
+
+
 VT_CASES = [
     # (batch, sq, sk, hq, hk, d, q_block, k_block, causal, window, softcap, out_dtype)
     (2, 7, 1, 4, 2, 32, 128, 128, False, (-1, -1), 0.0, torch.bfloat16),
@@ -560,24 +600,33 @@ def test_fp8_func_keys_permuted16_equals_rows_bit_for_bit(case):
     assert out.dtype == (dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16)
 
 
-def test_fp8_func_v_layout_none_picks_rows_on_the_host(monkeypatch):
-    """v_layout=None (the default) converts v only where the sm90 kernel runs: on CPU tensors it does not."""
+def _record_quantize_layouts(monkeypatch):
+    """The layout of every fp8.quantize call (flash_attn_fp8_func quantizes q, k, then v)."""
     calls = []
-    real = fp8.keys_permuted16
+    real = fp8.quantize
 
-    def recording(v_fp8, *args, **kwargs):
-        calls.append(tuple(v_fp8.shape))
-        return real(v_fp8, *args, **kwargs)
+    def recording(x, *args, layout="rows", **kwargs):
+        calls.append(layout)
+        return real(x, *args, layout=layout, **kwargs)
 
-    monkeypatch.setattr(fp8, "keys_permuted16", recording)
+    monkeypatch.setattr(fp8, "quantize", recording)
+    return calls
+
+
+def test_fp8_func_v_layout_none_picks_rows_on_the_host(monkeypatch):
+    """v_layout=None (the default) quantizes v into keys_permuted16 only on CUDA: on CPU tensors in rows."""
+    calls = _record_quantize_layouts(monkeypatch)
     q, k, v = _fp8_case(15, b=1, s=40, h=2, d=32)
     out = fp8.flash_attn_fp8_func(q, k, v, block_size=16)
-    assert calls == []
-    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout=None), out) and calls == []
-    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout="rows"), out) and calls == []
-    # The recorder does see the conversion when it is asked for (one pass, on the quantized v).
+    assert calls == ["rows"] * 3
+    calls.clear()
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout=None), out) and calls == ["rows"] * 3
+    calls.clear()
+    assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout="rows"), out) and calls == ["rows"] * 3
+    calls.clear()
+    # Asked for, v is quantized straight into the layout (no separate conversion pass).
     assert torch.equal(fp8.flash_attn_fp8_func(q, k, v, block_size=16, v_layout="keys_permuted16"), out)
-    assert calls == [tuple(v.shape)]
+    assert calls == ["rows", "rows", "keys_permuted16"]
 
 
 def test_fp8_func_refuses_a_bad_v_layout_by_name():
@@ -591,18 +640,11 @@ def test_fp8_func_refuses_a_bad_v_layout_by_name():
                     reason="needs an sm90 GPU")
 @pytest.mark.parametrize("sk, d", [(113, 64), (300, 128), (7, 256)])
 def test_cuda_fp8_func_v_layouts_within_the_bound(sk, d, monkeypatch):
-    """sm90: flash_attn_fp8_func with each v_layout: None (the default: v in rows, which the library copies to V^T
-    itself where that pays; these shapes are below that), "rows" and "keys_permuted16" (converted in Python, once per
-    call). Each result is within the FP8 bound of the fp64 attention of the quantized inputs (dequantized here
-    exactly; they differ only by the kernel's accumulation order, so not compared bit for bit)."""
-    calls = []
-    real = fp8.keys_permuted16
-
-    def recording(v_fp8, *args, **kwargs):
-        calls.append(v_fp8.device.type)
-        return real(v_fp8, *args, **kwargs)
-
-    monkeypatch.setattr(fp8, "keys_permuted16", recording)
+    """sm90: flash_attn_fp8_func with each v_layout: None (the default: on CUDA v quantized straight into
+    keys_permuted16), "rows" (v in rows: the library's own default, here below its copy rule) and "keys_permuted16".
+    Each result is within the FP8 bound of the fp64 attention of the quantized inputs (dequantized here exactly; the
+    layouts differ only by the kernel's accumulation order, so rows is not compared bit for bit)."""
+    calls = _record_quantize_layouts(monkeypatch)
     g = _gen(17)
     b, sq, hq, hk, block, seed = 2, 130, 4, 2, 128, 5
     q = torch.randn(b, sq, hq, d, generator=g).cuda()
@@ -616,7 +658,7 @@ def test_cuda_fp8_func_v_layouts_within_the_bound(sk, d, monkeypatch):
                 if "in this build" in str(e):
                     pytest.skip(f"hdim {d} is not compiled: {e}")
                 raise
-            assert calls == (["cuda"] if layout == "keys_permuted16" else []), layout
+            assert calls[-1] == ("rows" if layout == "rows" else "keys_permuted16"), layout
         # The quantization flash_attn_fp8_func does (deterministic), dequantized exactly on the host.
         qf, qs = fp8.quantize(q, block_size=block, hadamard=True, seed=seed)
         kf, ks = fp8.quantize(k, block_size=block, hadamard=True, seed=seed)
@@ -629,8 +671,8 @@ def test_cuda_fp8_func_v_layouts_within_the_bound(sk, d, monkeypatch):
         assert not torch.isnan(out).any(), name
         err = (out - want).abs()
         assert (err <= bound).all(), f"v_layout={name}: max err/bound {float((err / bound).max()):.3g}"
-    # Below the copy rule the default runs the rows kernel: the same result bit for bit.
-    assert torch.equal(outs[None], outs["rows"])
+    # The default is keys_permuted16 on CUDA: the same result bit for bit.
+    assert torch.equal(outs[None], outs["keys_permuted16"])
 
 
 # ---- the default v_layout (None): the library copies v to V^T in its workspace where the sm90 kernel repays it ---
