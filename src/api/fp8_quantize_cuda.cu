@@ -542,9 +542,9 @@ cudaError_t launch_reg_kernel(int64_t items, const Fp8Args& a, cudaStream_t stre
   int ctas = dev < kMaxDevices ? resident[dev].load(std::memory_order_relaxed) : 0;
   if (ctas == 0) {
     int sms = 0, per_sm = 0;
-    if (kSmem > 48 * 1024 &&
-        (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess)
-      return e;
+    // Always: dynamic + static shared memory over 48 KB needs it (the 8-slot keys_permuted16 kernel has 48 KB
+    // dynamic alone), and below that it is harmless.
+    if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess) return e;
     if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
     if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRegThreads, kSmem)) != cudaSuccess)
       return e;
