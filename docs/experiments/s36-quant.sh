@@ -24,4 +24,8 @@ grep -E "^FAILED|Error" $L/pytest.log | head -8
 timeout 100 python3 bench/bench_fp8_quantize.py --out $L/fp8-quantize.json 2>&1 | tee $L/quantize.log | tail -18
 timeout 120 python3 bench/fp8_onecall.py 2>&1 | tee $L/onecall.log
 echo "t=$(( $(date +%s) - t0 ))"
+# (5) the rest of the call: the whole GPU suite of this build, up to the call's limit.
+timeout $(( ${LIMIT:-570} - ($(date +%s) - t0) )) /tmp/q/flashattn_gpu_tests > $L/gtest-all.log 2>&1
+echo "suite rc=$? ok: $(grep -c '^\[       OK \]' $L/gtest-all.log) failed: $(grep -c '^\[  FAILED  \] .*(' $L/gtest-all.log) t=$(( $(date +%s) - t0 ))"
+grep -E "^\[  FAILED  \] .*\(" $L/gtest-all.log | head; grep -E "^\[ RUN      \]" $L/gtest-all.log | tail -1; grep -E "tests? ran|PASSED" $L/gtest-all.log | tail -2
 cd $OUT && tar czf s36q.tgz s36q && rm -rf s36q
