@@ -1,12 +1,26 @@
 #!/usr/bin/env python3
 """s36 call 5: flash_attn_fp8_func's new default (V quantized straight into keys_permuted16) against s35's (V quantized
 in rows, copied to V^T by the library in its workspace), alternated in 4 rounds, median of 40 calls a round (CUDA events
-around each call, host time in), plus the V quantization alone in each layout. hdim 128, 16k tokens x 16 heads."""
+around each call, host time in; and "burst": 40 calls back to back, no sync between), plus the V quantization alone
+in each layout. hdim 128, 16k tokens x 16 heads."""
 import os, statistics, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 from flashattn import flash_attn_func
 from flashattn.fp8 import flash_attn_fp8_func, quantize
+
+
+def burst(fn, iters=40):
+    """Per call over back-to-back calls (no sync between): max(host time, GPU time) per call, steady state."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record(); torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
 
 
 def t(fn, iters=40):
@@ -32,16 +46,19 @@ for s, causal in ((1024, False), (4096, False), (4096, True), (16384, False)):
         return flash_attn_func(q8, k8, v8, q_scale=qs, k_scale=ks, v_scale=vs, q_block_size=128, k_block_size=128,
                                softmax_scale=d ** -0.5, causal=causal)
 
-    res = {"s36": [], "s35": [], "qv_rows": [], "qv_vt": []}
+    res = {"s36": [], "s35": [], "qv_rows": [], "qv_vt": [], "burst_s36": [], "burst_s35": []}
     with torch.no_grad():
         for r in range(4):
             order = [("s36", lambda: flash_attn_fp8_func(q, k, v, causal=causal)), ("s35", s35)]
             for name, fn in (order if r % 2 == 0 else order[::-1]):
                 res[name].append(t(fn))
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
+                res["burst_" + name].append(burst(fn))
             res["qv_rows"].append(t(lambda: quantize(v)))
             res["qv_vt"].append(t(lambda: quantize(v, layout="keys_permuted16")))
     best = {k_: min(v_) for k_, v_ in res.items()}
     print(f"seqlen {s} causal {int(causal)}: s36 {best['s36']*1e3:.1f} us, s35 {best['s35']*1e3:.1f} us "
           f"(s35/s36 {best['s35'] / best['s36']:.3f}); quantize v rows {best['qv_rows']*1e3:.1f} us, "
-          f"keys_permuted16 {best['qv_vt']*1e3:.1f} us; rounds {[[round(x * 1e3, 1) for x in v_] for v_ in res.values()]}",
+          f"keys_permuted16 {best['qv_vt']*1e3:.1f} us; burst s36 {best['burst_s36']*1e3:.1f} s35 "
+          f"{best['burst_s35']*1e3:.1f} (s35/s36 {best['burst_s35'] / best['burst_s36']:.3f}); rounds {[[round(x * 1e3, 1) for x in v_] for v_ in res.values()]}",
           flush=True)

@@ -328,8 +328,9 @@ def keys_permuted16(v_fp8: torch.Tensor, row_len=None) -> torch.Tensor:
 def _permuted16_buffer(b: int, s: int, h: int, d: int, row_len: int, device) -> torch.Tensor:
     """A [b, h, d, row_len] E4M3 buffer viewed as the keys_permuted16 handle [b, s, h, d] (strides (h d L, 1, d L,
     L)); its writer fills every position."""
+    n = b * h * d * row_len  # flat: two torch calls on the usual path (this sits in every flash_attn_fp8_func call)
     if _POISON:  # tests: E4M3 NaN codes (as _alloc's NaN), so a position the writer skips shows
-        buf = torch.full((b, h, d, row_len), 0x7F, dtype=torch.uint8, device=device)
+        buf = torch.full((n,), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     else:
-        buf = torch.empty((b, h, d, row_len), dtype=torch.uint8, device=device)
-    return torch.as_strided(buf.view(torch.float8_e4m3fn), (b, s, h, d), (h * d * row_len, 1, d * row_len, row_len))
+        buf = torch.empty((n,), dtype=torch.float8_e4m3fn, device=device)
+    return buf.as_strided((b, s, h, d), (h * d * row_len, 1, d * row_len, row_len))
