@@ -29,6 +29,7 @@ kernel reads without transposing V (flash_attn_func(..., v_layout="keys_permuted
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Tuple
 
 import torch
@@ -90,27 +91,35 @@ def _check_layout(layout: object, what: str) -> int:
     return _LAYOUTS[layout]
 
 
+# The params struct from x up to the options (x, x_fp8, scales, block_size, hadamard, hadamard_seed), packed in one
+# call onto a copy of a cached flashattn_fp8_quantize_params_init(): this sits three times in every
+# flash_attn_fp8_func call (field-by-field ctypes writes and the init call cost ~10-20 us each time).
+_QUANT_BODY = struct.Struct("@P8qP8qPiiQ")
+assert _lib.Fp8QuantizeParams.x.offset + _QUANT_BODY.size == _lib.Fp8QuantizeParams.options.offset
+_QUANT_X_OFFSET = _lib.Fp8QuantizeParams.x.offset
+_QUANT_TEMPLATE = []  # [the library's initialized params], made once
+
+
 def _run(fn_name: str, x: torch.Tensor, x_fp8: torch.Tensor, scales: torch.Tensor, block_size: int, hadamard: bool,
          seed: int, layout: int = 0) -> None:
     lib = _lib.load()
-    if not hasattr(lib, fn_name):
+    fn = getattr(lib, fn_name, None)
+    if fn is None or not hasattr(lib, "flashattn_fp8_quantize_params_init"):
         raise NotImplementedError(f"flashattn.fp8: {_lib.library_path()} has no {fn_name} (older build)")
-    p = lib.flashattn_fp8_quantize_params_init()
+    if not _QUANT_TEMPLATE:
+        _QUANT_TEMPLATE.append(lib.flashattn_fp8_quantize_params_init())
+    p = _lib.Fp8QuantizeParams.from_buffer_copy(_QUANT_TEMPLATE[0])
     p.dtype = _DTYPES[x.dtype]
-    for view, t, rows in ((p.x, x, True), (p.x_fp8, x_fp8, layout == 0)):
-        view.data = t.data_ptr() if t.numel() else None
-        for i in range(4):
-            view.shape[i] = t.shape[i]
-            view.stride[i] = t.stride(i)
-        if rows:
-            view.stride[3] = 1  # a size-1 last dim may report any stride
+    xs, fs = x.stride(), x_fp8.stride()
+    empty = x.numel() == 0  # x and x_fp8 have one shape
+    # stride[3]: 1 for rows (a size-1 last dim may report any stride); keys_permuted16 keeps L.
+    _QUANT_BODY.pack_into(p, _QUANT_X_OFFSET,
+                          0 if empty else x.data_ptr(), *x.shape, xs[0], xs[1], xs[2], 1,
+                          0 if empty else x_fp8.data_ptr(), *x_fp8.shape, fs[0], fs[1], fs[2], fs[3] if layout else 1,
+                          scales.data_ptr() if scales.numel() else 0, block_size, int(bool(hadamard)), seed)
     p.x_fp8_layout = layout
-    p.scales = scales.data_ptr() if scales.numel() else None
-    p.block_size = block_size
-    p.hadamard = int(bool(hadamard))
-    p.hadamard_seed = seed
     stream = _lib.place(p.options, x)
-    _lib.raise_for_status(getattr(lib, fn_name)(ctypes.byref(p), stream), fn_name[len("flashattn_"):])
+    _lib.raise_for_status(fn(ctypes.byref(p), stream), fn_name[len("flashattn_"):])
 
 
 def quantize(x: torch.Tensor, block_size: int = 128, hadamard: bool = False,
