@@ -82,6 +82,36 @@ struct Totals {
   int64_t elems = 0, off_by_one = 0;
 };
 
+// The device's scales and bytes (codes and padding, over the whole buffer) against the host's: bit for bit without
+// the transform; with it a scale within 1e-6 relative and a code within one E4M3 step (counted into *tot).
+void expect_device_matches_host(const std::vector<float>& sc_dev, const std::vector<float>& sc_host,
+                                const std::vector<uint8_t>& q_dev, const std::vector<uint8_t>& q_host, bool hadamard,
+                                int64_t elems, Totals* tot) {
+  ASSERT_EQ(sc_dev.size(), sc_host.size());
+  ASSERT_EQ(q_dev.size(), q_host.size());
+  for (size_t i = 0; i < sc_dev.size(); ++i) {
+    if (hadamard) {
+      ASSERT_LE(std::fabs(sc_dev[i] - sc_host[i]), 1e-6f * sc_host[i]) << "scale " << i << ": device " << sc_dev[i]
+                                                                       << ", host " << sc_host[i];
+    } else {
+      ASSERT_EQ(sc_dev[i], sc_host[i]) << "scale " << i;
+    }
+  }
+  int64_t off = 0;
+  for (size_t i = 0; i < q_dev.size(); ++i) {
+    const uint8_t a = q_dev[i], e = q_host[i];
+    if (a == e || (is_nan_code(a) && is_nan_code(e))) continue;  // a NaN's sign is unspecified (GPUs
+                                                                    // make canonical +NaN)
+    ASSERT_TRUE(hadamard) << "byte " << i << ": device " << int(a) << ", host " << int(e)
+                          << " (no transform: must be equal)";
+    ASSERT_FALSE(is_nan_code(a) || is_nan_code(e)) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ASSERT_LE(std::abs(position(a) - position(e)), 1) << "byte " << i << ": device " << int(a) << ", host " << int(e);
+    ++off;
+  }
+  tot->elems += elems;
+  tot->off_by_one += off;
+}
+
 void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadamard, uint64_t seed, Totals* tot,
               bool dense = false) {
   const int64_t b = 2, h = 3;
@@ -148,29 +178,7 @@ void run_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, bool hadam
   cudaFree(dq);
   cudaFree(ds);
 
-  // Scales.
-  for (size_t i = 0; i < nscales; ++i) {
-    if (hadamard) {
-      ASSERT_LE(std::fabs(sc_dev[i] - sc_host[i]), 1e-6f * sc_host[i]) << "scale " << i << ": device " << sc_dev[i]
-                                                                       << ", host " << sc_host[i];
-    } else {
-      ASSERT_EQ(sc_dev[i], sc_host[i]) << "scale " << i;
-    }
-  }
-  // Codes, and the padding: the device writes exactly where the host does.
-  int64_t off = 0;
-  for (size_t i = 0; i < q_dev.bytes.size(); ++i) {
-    const uint8_t a = q_dev.bytes[i], e = q_host.bytes[i];
-    if (a == e || (is_nan_code(a) && is_nan_code(e))) continue;  // a NaN's sign is unspecified (GPUs
-                                                                    // make canonical +NaN)
-    ASSERT_TRUE(hadamard) << "byte " << i << ": device " << int(a) << ", host " << int(e)
-                          << " (no transform: must be equal)";
-    ASSERT_FALSE(is_nan_code(a) || is_nan_code(e)) << "byte " << i << ": device " << int(a) << ", host " << int(e);
-    ASSERT_LE(std::abs(position(a) - position(e)), 1) << "byte " << i << ": device " << int(a) << ", host " << int(e);
-    ++off;
-  }
-  tot->elems += b * s * h * d;
-  tot->off_by_one += off;
+  expect_device_matches_host(sc_dev, sc_host, q_dev.bytes, q_host.bytes, hadamard, b * s * h * d, tot);
 }
 
 TEST(GpuFp8Quantize, MatchesHost) {
@@ -264,24 +272,7 @@ void run_permuted_case(flashattn_dtype dtype, int64_t s, int64_t d, int block, b
   cudaFree(dx);
   cudaFree(dq);
   cudaFree(ds);
-  for (size_t i = 0; i < nscales; ++i) {
-    if (hadamard) {
-      ASSERT_LE(std::fabs(sc_dev[i] - sc_host[i]), 1e-6f * sc_host[i]) << "scale " << i;
-    } else {
-      ASSERT_EQ(sc_dev[i], sc_host[i]) << "scale " << i;
-    }
-  }
-  int64_t off = 0;
-  for (size_t i = 0; i < q_dev.size(); ++i) {
-    const uint8_t a = q_dev[i], e = q_host[i];
-    if (a == e || (is_nan_code(a) && is_nan_code(e))) continue;
-    ASSERT_TRUE(hadamard) << "byte " << i << ": device " << int(a) << ", host " << int(e);
-    ASSERT_NE(e, kPoison) << "byte " << i << " (outside the codes): device wrote " << int(a);
-    ASSERT_LE(std::abs(position(a) - position(e)), 1) << "byte " << i << ": device " << int(a) << ", host " << int(e);
-    ++off;
-  }
-  tot->elems += b * s * h * d;
-  tot->off_by_one += off;
+  expect_device_matches_host(sc_dev, sc_host, q_dev, q_host, hadamard, b * s * h * d, tot);
 }
 
 TEST(GpuFp8Quantize, KeysPermuted16MatchesHost) {
