@@ -352,9 +352,13 @@ def place(options, t):
     device's current CUDA stream, or None for host tensors."""
     import torch  # this module loads the library without torch; its callers have torch already
 
-    if t.device.type == "cuda":
-        options.device = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        return torch.cuda.current_stream(t.device).cuda_stream
+    dev = t.device
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        options.device = index
+        # The raw cudaStream_t, as _ops._raw_stream: torch.cuda.current_stream builds a Stream object per call.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return raw(index) if raw is not None else torch.cuda.current_stream(dev).cuda_stream
     options.device = -1
     options.num_threads = torch.get_num_threads()
     return None

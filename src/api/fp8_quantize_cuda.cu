@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "api/cuda_util.h"
 #include "common/error.h"
@@ -319,6 +320,58 @@ __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, f
   return e4m3_codes8_exact(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], scale);
 }
 
+// e4m3_codes8 for values known finite (fp8_quantize_reg_kernel checks a whole block at once): the same codes, by
+// three instructions a value. t = q0 scale - x is -e (exact, as e is), so RN(q0 - t rcp) = RN(q0 + e rcp); and a
+// zero x keeps its sign without a select: -0 gives q0 = -0, t = +0, -t rcp + q0 = -0.
+__device__ __forceinline__ uint2 e4m3_codes8_finite(const float (&v)[8], float scale, float rcp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  float q[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float q0 = mul_rn_keep_subnormals(v[e], rcp);
+    const float t = fma_rn_keep_subnormals(q0, scale, -v[e]);
+    q[e] = fma_rn_keep_subnormals(-t, rcp, q0);
+  }
+  uint32_t w0, w1;
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(w0)
+      : "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3]));
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(w1)
+      : "f"(q[4]), "f"(q[5]), "f"(q[6]), "f"(q[7]));
+  return make_uint2(w0, w1);
+#else
+  return e4m3_codes8(v, scale, -scale, rcp);
+#endif
+}
+
+// Per-halfword unsigned maximum (sm_90: one instruction).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+
+// The CTA's largest x (every thread gets it); warp_max: kWarps words of shared memory, free on entry (the caller
+// syncs before reusing them).
+template <int kWarps>
+__device__ uint32_t block_max_u32(uint32_t x, uint32_t* warp_max) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o /= 2) x = max(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if (lane == 0) warp_max[warp] = x;
+  __syncthreads();
+  x = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) x = max(x, warp_max[w]);
+  return x;
+}
+
 // kSlots: rows per thread this instantiation holds (8 for block 128 at headdim <= 128: 32 registers
 // of raw values, so more CTAs fit an SM). The transform and the input type are template
 // arguments: with them as runtime branches in every slot's unrolled code the kernel was ~39 k
@@ -432,49 +485,95 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       }
     };
 
+    // The block's amax from the largest magnitude's bits (non-negative floats order as their bits; the slots past
+    // the block hold zeros): 16-bit inputs without the transform two at a time on the raw halves, else the fp32
+    // bits. NaN and inf have larger bits than any finite value, so a block holding one is seen here and takes the
+    // exact path (slow_amax, and codes with per-value checks); the others skip every per-value finiteness test.
     float kept[kKeep ? kSlots : 1][8];
-    float amax = 0.f;
+    uint32_t mbits = 0;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i >= slots) break;
-      float v[8];
-      values(i, v);
-      if constexpr (kKeep) {
+      if constexpr (kHadamard) {
+        float v[8];
+        values(i, v);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) kept[i][e] = v[e];
+        for (int e = 0; e < 8; ++e) {
+          if constexpr (kKeep) kept[i][e] = v[e];
+          mbits = max(mbits, __float_as_uint(v[e]) & 0x7fffffffu);
+        }
+      } else {
+        const uint4 r = raw[i];
+        mbits = max_u16x2(mbits, max_u16x2(max_u16x2(r.x & 0x7fff7fffu, r.y & 0x7fff7fffu),
+                                           max_u16x2(r.z & 0x7fff7fffu, r.w & 0x7fff7fffu)));
       }
-      if (valid(i))
+    }
+    if constexpr (!kHadamard) mbits = max(mbits & 0xffffu, mbits >> 16);
+    mbits = block_max_u32<kRegThreads / 32>(mbits, reinterpret_cast<uint32_t*>(warp_amax));
+    constexpr uint32_t kNonFinite = kHadamard ? 0x7f800000u : kBf16 ? 0x7f80u : 0x7c00u;
+    const bool all_finite = mbits < kNonFinite;
+    float scale;
+    if (all_finite) {
+      const float amax = kHadamard ? __uint_as_float(mbits)
+                         : kBf16   ? __uint_as_float(mbits << 16)
+                                   : __half2float(__ushort_as_half(uint16_t(mbits)));
+      scale = amax > 0.f ? fmaxf(__fdiv_rn(amax, kE4M3Max), FLT_MIN) : 1.f;  // block_scale's
+      if (threadIdx.x == 0) p.scales[bh * a.nblocks + blk] = scale;
+    } else {
+      __syncthreads();  // every thread has read warp_amax
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (i >= slots) break;
+        float v[8];
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
+        } else {
+          values(i, v);
+        }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float m = fabsf(v[e]);
           if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
         }
+      }
+      scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
     }
-    const float scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
     const float rcp = __frcp_rn(scale);
 
     uint8_t* dst = p.x_fp8 + b * p.x_fp8_stride[0] + h * p.x_fp8_stride[2];
     if constexpr (!kPermuted) dst += (s0 + r0) * p.x_fp8_stride[1] + chunk * 8;
     const int64_t dst_slot_stride = kPermuted ? 0 : int64_t(rows_per_pass) * p.x_fp8_stride[1];
+    // The codes, with the per-value finiteness test only where the block needs it (two copies of the loop, so
+    // that the common one carries no branch per slot).
+    auto write_codes = [&](auto finite) {
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      if (i >= slots) break;
-      float v[8];
-      if constexpr (kKeep) {
+      for (int i = 0; i < kSlots; ++i) {
+        if (i >= slots) break;
+        float v[8];
+        if constexpr (kKeep) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
-      } else {
-        values(i, v);
-      }
-      if (valid(i)) {
-        const uint2 codes = e4m3_codes8(v, scale, -scale, rcp);
-        if constexpr (kPermuted) {
-          const int key = r0 + i * rows_per_pass;  // in the item
-          *reinterpret_cast<uint2*>(stage + key * d + ((chunk ^ ((key >> 4) & swz)) << 3)) = codes;
+          for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
         } else {
-          *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = codes;
+          values(i, v);
+        }
+        if (valid(i)) {
+          const uint2 codes = decltype(finite)::value ? e4m3_codes8_finite(v, scale, rcp)
+                                                      : e4m3_codes8(v, scale, -scale, rcp);
+          if constexpr (kPermuted) {
+            const int key = r0 + i * rows_per_pass;  // in the item
+            *reinterpret_cast<uint2*>(stage + key * d + ((chunk ^ ((key >> 4) & swz)) << 3)) = codes;
+          } else {
+            *reinterpret_cast<uint2*>(dst + i * dst_slot_stride) = codes;
+          }
         }
       }
+    };
+    if (all_finite) {
+      write_codes(std::true_type{});
+    } else {
+      write_codes(std::false_type{});
     }
     if constexpr (kPermuted) {
       __syncthreads();  // the item's codes staged
