@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# s37 call 2: the quantizer's finite-block fast path (packed amax of the raw halves or fp32 bits, three-instruction
+# s37 calls 2-3 (PACK=new, BASE=base, TAG=output name): call 2, the quantizer's finite-block fast path (packed amax of the raw halves or fp32 bits, three-instruction
 # codes). Packs: build-dev/s37a (PACK, default: the change + HEAD's GPU tests, hdim 128, sm80 + sm90) and build-dev/s36q
 # (the base library). (1) GpuFp8Quantize/Permute tests on both libraries; (2) memcheck + racecheck on the new one;
 # (3) bench_fp8_quantize.py alternated base/new, 2 rounds; (4) the FP8 pytest files on the new library.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PACK=${PACK:-s37a}
-t0=$(date +%s); L=$OUT/s37c2; mkdir -p $L /tmp/n /tmp/q
+PACK=${PACK:-s37a}; BASE=${BASE:-s36q}; TAG=${TAG:-s37c2}
+t0=$(date +%s); L=$OUT/$TAG; mkdir -p $L /tmp/n /tmp/q
 cat build-dev/$PACK/pack.part.* | tar xzf - -C /tmp/n || exit 1
-cat build-dev/s36q/pack.part.* | tar xzf - -C /tmp/q || exit 1
+cat build-dev/$BASE/pack.part.* | tar xzf - -C /tmp/q || exit 1
 cp /tmp/n/tests/gpu/flashattn_gpu_tests /tmp/n/gt
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $L/gpu.txt
 export PYTHONPATH=$PWD/python
 F='*Fp8Quantize*:*Fp8VPermute*'
 for lib in n q; do
-  LD_LIBRARY_PATH=/tmp/$lib timeout 150 /tmp/n/gt --gtest_filter="$F" > $L/gtest-$lib.log 2>&1
+  LD_LIBRARY_PATH=/tmp/$lib timeout 150 /tmp/n/gt --gtest_filter="$F" --gtest_output=xml:$L/gtest-$lib.xml > $L/gtest-$lib.log 2>&1
   echo "tests on $lib rc=$? $(grep -c '  OK ]' $L/gtest-$lib.log) ok $(grep -c 'FAILED  \]' $L/gtest-$lib.log) failed t=$(( $(date +%s) - t0 ))"
+  grep -o "hadamard_off_by_one=\"[^\"]*\"" $L/gtest-$lib.xml
   grep -E "FAILED  \]|Failure|error" $L/gtest-$lib.log | head -6
 done
 for tool in memcheck racecheck; do
@@ -52,4 +53,4 @@ PY
   test_fp8.py test_fp8_attention.py > $L/pytest.log 2>&1)
 echo "pytest rc=$? $(tail -1 $L/pytest.log) t=$(( $(date +%s) - t0 ))"
 grep -E "^FAILED|Error" $L/pytest.log | head -8
-cd $OUT && tar czf s37c2.tgz s37c2 && rm -rf s37c2
+cd $OUT && tar czf $TAG.tgz $TAG && rm -rf $TAG

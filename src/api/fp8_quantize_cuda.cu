@@ -320,31 +320,29 @@ __device__ __forceinline__ uint2 e4m3_codes8(const float (&v)[8], float scale, f
   return e4m3_codes8_exact(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], scale);
 }
 
-// e4m3_codes8 for values known finite (fp8_quantize_reg_kernel checks a whole block at once): the same codes, by
-// three instructions a value. t = q0 scale - x is -e (exact, as e is), so RN(q0 - t rcp) = RN(q0 + e rcp); and a
-// zero x keeps its sign without a select: -0 gives q0 = -0, t = +0, -t rcp + q0 = -0.
-__device__ __forceinline__ uint2 e4m3_codes8_finite(const float (&v)[8], float scale, float rcp) {
+// float_to_e4m3(x / scale) of two values known finite (fp8_quantize_reg_kernel and the mma kernel check a whole
+// block at once), little-endian in the low 16 bits: e4m3_codes8's quotient by three instructions a value. t = q0 scale
+// - x is -e (exact, as e is), so RN(q0 - t rcp) = RN(q0 + e rcp); and a zero x keeps its sign without a select: -0
+// gives q0 = -0, t = +0, -t rcp + q0 = -0.
+__device__ __forceinline__ uint32_t e4m3_codes2_finite(float x0, float x1, float scale, float rcp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  float q[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float q0 = mul_rn_keep_subnormals(v[e], rcp);
-    const float t = fma_rn_keep_subnormals(q0, scale, -v[e]);
-    q[e] = fma_rn_keep_subnormals(-t, rcp, q0);
-  }
-  uint32_t w0, w1;
-  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      " mov.b32 %0, {lo, hi};\n}\n"
-      : "=r"(w0)
-      : "f"(q[0]), "f"(q[1]), "f"(q[2]), "f"(q[3]));
-  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      " mov.b32 %0, {lo, hi};\n}\n"
-      : "=r"(w1)
-      : "f"(q[4]), "f"(q[5]), "f"(q[6]), "f"(q[7]));
-  return make_uint2(w0, w1);
+  auto quotient = [&](float x) {
+    const float q0 = mul_rn_keep_subnormals(x, rcp);
+    const float t = fma_rn_keep_subnormals(q0, scale, -x);
+    return fma_rn_keep_subnormals(-t, rcp, q0);
+  };
+  uint32_t w;
+  asm("{\n .reg .b16 lo;\n cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n cvt.u32.u16 %0, lo;\n}\n"
+      : "=r"(w)
+      : "f"(quotient(x0)), "f"(quotient(x1)));
+  return w;
 #else
-  return e4m3_codes8(v, scale, -scale, rcp);
+  return uint32_t(float_to_e4m3(__fdiv_rn(x0, scale))) | uint32_t(float_to_e4m3(__fdiv_rn(x1, scale))) << 8;
 #endif
+}
+__device__ __forceinline__ uint2 e4m3_codes8_finite(const float (&v)[8], float scale, float rcp) {
+  return make_uint2(e4m3_codes2_finite(v[0], v[1], scale, rcp) | e4m3_codes2_finite(v[2], v[3], scale, rcp) << 16,
+                    e4m3_codes2_finite(v[4], v[5], scale, rcp) | e4m3_codes2_finite(v[6], v[7], scale, rcp) << 16);
 }
 
 // Per-halfword unsigned maximum (sm_90: one instruction).
@@ -402,9 +400,14 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
   const int rows_per_pass = kRegThreads / cpr;   // rows the CTA holds per register slot
   const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
   const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
-  uint32_t negate = 0;                           // the transform's signs of this chunk's 8 columns
-  if (kHadamard)
-    for (int e = 0; e < 8; ++e) negate |= uint32_t(hadamard_sign(p.hadamard_seed, chunk * 8 + e) < 0) << e;
+  // The transform's signs of this chunk's 8 columns, as the sign bits of the raw 16-bit values they flip (an exact
+  // negation, one XOR per two values).
+  uint4 negate = make_uint4(0, 0, 0, 0);
+  if (kHadamard) {
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int e = 0; e < 8; ++e) w[e / 2] |= uint32_t(hadamard_sign(p.hadamard_seed, chunk * 8 + e) < 0) << (16 * (e % 2) + 15);
+    negate = make_uint4(w[0], w[1], w[2], w[3]);
+  }
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
   const int64_t items = p.batch * p.nheads * a.nblocks;
   // The grid is persistent (at most the resident CTAs): the next item's raw values are copied
@@ -459,11 +462,9 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
     // The values the host quantizes, of slot i (every lane of a warp calls it for the same i:
     // the transform's shuffles).
     auto values = [&](int i, float (&v)[8]) {
-      unpack8<kBf16>(raw[i], v);
       if constexpr (kHadamard) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          if (negate >> e & 1u) v[e] = -v[e];
+        const uint4 r = raw[i];
+        unpack8<kBf16>(make_uint4(r.x ^ negate.x, r.y ^ negate.y, r.z ^ negate.z, r.w ^ negate.w), v);
 #pragma unroll
         for (int hs = 1; hs < 8; hs *= 2)
 #pragma unroll
@@ -482,13 +483,16 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = __fmul_rn(v[e], a.inv_sqrt_n);
+      } else {
+        unpack8<kBf16>(raw[i], v);
       }
     };
 
     // The block's amax from the largest magnitude's bits (non-negative floats order as their bits; the slots past
     // the block hold zeros): 16-bit inputs without the transform two at a time on the raw halves, else the fp32
     // bits. NaN and inf have larger bits than any finite value, so a block holding one is seen here and takes the
-    // exact path (slow_amax, and codes with per-value checks); the others skip every per-value finiteness test.
+    // exact path (the amax of the finite values below, and codes with per-value checks); the others skip every
+    // per-value finiteness test.
     float kept[kKeep ? kSlots : 1][8];
     uint32_t mbits = 0;
 #pragma unroll
