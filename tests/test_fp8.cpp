@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fast_div.h"
 #include "common/fp8.h"
 #include "common/hadamard.h"
 #include "common/half_convert.h"
@@ -864,6 +865,43 @@ TEST(Fp8Quantize, KeysPermuted16RefusesBadStridesByName) {
       ASSERT_EQ(out, before) << bad.field << ": a refused call wrote its output";
     }
   }
+}
+
+// The GPU quantizer's index math (common/fast_div.h): every divisor's edge dividends and random ones, against '/' and
+// '%', for divisors 1-4096, powers of two and their neighbours up to 2^31, and random 32-bit ones.
+TEST(FastDiv, MatchesIntegerDivisionBelowTwoToThe31) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int k = 12; k <= 31; ++k)
+    for (int64_t dd : {-1, 0, 1}) divisors.push_back(uint32_t((int64_t(1) << k) + dd));
+  for (int i = 0; i < 2000; ++i) divisors.push_back(uint32_t(rng() % 0x7fffffffu) + 1u);
+  int64_t checked = 0;
+  for (uint32_t d : divisors) {
+    const FastDiv f = FastDiv::make(d);
+    auto check = [&](uint32_t n) {
+      uint32_t q = 0, r = 0;
+      f.divmod(n, &q, &r);
+      ASSERT_EQ(q, n / d) << "n " << n << " d " << d;
+      ASSERT_EQ(r, n % d) << "n " << n << " d " << d;
+      ++checked;
+    };
+    const uint32_t top = 0x7fffffffu;
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, top, top - 1, top - d, top / d * d, top / d * d - 1}) {
+      check(n & top);
+      if (HasFatalFailure()) return;
+    }
+    for (int i = 0; i < 64; ++i) {
+      check(uint32_t(rng()) & top);
+      const uint64_t m = rng() % (uint64_t(top) / d + 1);  // a multiple of d and its neighbours
+      for (int64_t e : {-1, 0, 1}) {
+        const int64_t n = int64_t(m * d) + e;
+        if (n >= 0 && n <= int64_t(top)) check(uint32_t(n));
+      }
+      if (HasFatalFailure()) return;
+    }
+  }
+  EXPECT_GT(checked, 1000000);
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 
 #include "api/cuda_util.h"
 #include "common/error.h"
+#include "common/fast_div.h"
 #include "common/fp8.h"
 #include "common/fp8_scales.h"
 #include "common/hadamard.h"
@@ -47,6 +48,9 @@ struct Fp8Args {
   cpu::Fp8QuantizeParams p;
   int64_t nblocks;
   float inv_sqrt_n;  // float(1 / sqrt(headdim)), as hadamard_forward<float> would be given
+  // fp8_quantize_reg_kernel's index math (items < 2^31 there): item -> (batch x head, block), -> (batch, head); a
+  // block's rows -> register slots.
+  FastDiv by_blocks, by_heads, by_rows_per_pass;
 };
 
 // Calls f(c, v) for the columns c = lane + 32 k of row s of head h of batch b, v being the value
@@ -425,13 +429,16 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
   };
   auto item_at = [&](int64_t item) {
     Item it;
-    it.blk = item % a.nblocks;
-    it.bh = item / a.nblocks;
-    it.b = it.bh / p.nheads;
-    it.h = it.bh % p.nheads;
+    uint32_t bh, blk, b, h;
+    a.by_blocks.divmod(uint32_t(item), &bh, &blk);
+    a.by_heads.divmod(bh, &b, &h);
+    it.blk = blk;
+    it.bh = bh;
+    it.b = b;
+    it.h = h;
     it.s0 = it.blk * p.block_size;
     it.nrows = int((it.s0 + p.block_size < p.seqlen ? it.s0 + p.block_size : p.seqlen) - it.s0);
-    it.slots = (it.nrows + rows_per_pass - 1) / rows_per_pass;  // <= kSlots (reg_slots)
+    it.slots = int(a.by_rows_per_pass.div(uint32_t(it.nrows + rows_per_pass - 1)));  // <= kSlots (reg_slots)
     return it;
   };
   const int64_t slot_stride = int64_t(rows_per_pass) * p.x_stride[1];
@@ -583,8 +590,11 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       __syncthreads();  // the item's codes staged
       const int groups = (nrows + 15) / 16;
       const int64_t row_len = p.x_fp8_stride[3];
+      // q / groups as umulhi(q, ceil(2^32 / groups)) (one division per item, not two per q): the product's excess
+      // over q / groups is below q / 2^32, far under the 1 / groups a floor could cross.
+      const uint32_t inv = 0xffffffffu / uint32_t(groups) + 1u;  // ceil(2^32 / groups); 0 (unused) for 1
       for (int q = threadIdx.x; q < d * groups; q += kRegThreads) {
-        const int g = q % groups, c = q / groups;
+        const int c = groups == 1 ? q : int(__umulhi(uint32_t(q), inv)), g = q - c * groups;
         const uint8_t* col = stage + g * 16 * d + ((((c >> 3) ^ (g & swz)) << 3) | (c & 7));
         const int keys = nrows - 16 * g;  // keys of this group in the item (>= 16: all)
         auto code = [&](int k) { return k < keys ? uint32_t(col[k * d]) : 0u; };
@@ -624,6 +634,7 @@ int reg_slots(const cpu::Fp8QuantizeParams& p) {
     for (int i = 0; i < 3; ++i)
       if (p.x_fp8_stride[i] % 8 != 0) return 0;
   }
+  if (p.batch * p.nheads * cpu::fp8_num_blocks(p.seqlen, p.block_size) >= (int64_t(1) << 31)) return 0;  // FastDiv
   const int64_t rows = p.block_size < p.seqlen ? p.block_size : p.seqlen;
   const int64_t rows_per_pass = kRegThreads / (p.headdim / 8);
   const int64_t slots = (rows + rows_per_pass - 1) / rows_per_pass;
@@ -777,6 +788,9 @@ flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
   const unsigned grid = unsigned(items < (int64_t(1) << 20) ? items : (int64_t(1) << 20));
   const int slots = reg_slots(p);
   if (slots != 0) {
+    a.by_blocks = FastDiv::make(uint32_t(a.nblocks));
+    a.by_heads = FastDiv::make(uint32_t(p.nheads));
+    a.by_rows_per_pass = FastDiv::make(uint32_t(kRegThreads / (p.headdim / 8)));
     const cudaError_t e = launch_reg_kernel(slots, p.hadamard != 0, p.dtype == FLASHATTN_DTYPE_BF16, items, a,
                                             static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess)
