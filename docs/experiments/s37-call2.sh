@@ -53,4 +53,9 @@ PY
   test_fp8.py test_fp8_attention.py > $L/pytest.log 2>&1)
 echo "pytest rc=$? $(tail -1 $L/pytest.log) t=$(( $(date +%s) - t0 ))"
 grep -E "^FAILED|Error" $L/pytest.log | head -8
+if [ "${SUITE:-0}" = 1 ]; then  # the whole GPU suite of the new pack, up to the call's limit
+  LD_LIBRARY_PATH=/tmp/n timeout $(( ${LIMIT:-570} - ($(date +%s) - t0) )) /tmp/n/gt > $L/gtest-all.log 2>&1
+  echo "suite rc=$? ok: $(grep -c '^\[       OK \]' $L/gtest-all.log) failed: $(grep -c '^\[  FAILED  \] .*(' $L/gtest-all.log) t=$(( $(date +%s) - t0 ))"
+  grep -E "^\[  FAILED  \] .*\(" $L/gtest-all.log | head; grep -E "^\[ RUN      \]" $L/gtest-all.log | tail -1; grep -E "tests? ran|PASSED" $L/gtest-all.log | tail -2
+fi
 cd $OUT && tar czf $TAG.tgz $TAG && rm -rf $TAG

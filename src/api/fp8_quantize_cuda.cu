@@ -390,18 +390,21 @@ constexpr bool kKeepTransformed = kHadamard && kSlots <= 8;
 // buffer; each 8-byte piece XOR-swizzled by its 16-key group so the column reads below hit distinct
 // banks), then each thread gathers one 16-key group of one column, in the layout's key order, and
 // stores it as 16 bytes (a column's groups are neighbouring threads: contiguous stores).
-template <int kSlots>
-constexpr int kRegStageBytes = kSlots * kRegThreads * 8;
+template <int kSlots, int kThreads = kRegThreads>
+constexpr int kRegStageBytes = kSlots * kThreads * 8;
 
-template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false>
-__global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<kSlots, kHadamard> ? 3 : 2)
+// kThreads: 256, or 512 for the transform's blocks that need more than 8 rows a thread at 256 (headdim 256, or 128
+// with blocks over 128 rows): one CTA of 16 warps per SM, so that the transformed values stay in registers (8
+// slots) instead of being recomputed for the codes.
+template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false, int kThreads = kRegThreads>
+__global__ void __launch_bounds__(kThreads, kThreads > kRegThreads ? 1 : kSlots <= 8 && !kKeepTransformed<kSlots, kHadamard> ? 3 : 2)
     fp8_quantize_reg_kernel(const Fp8Args a) {
   static_assert(!(kPermuted && kHadamard), "the keys_permuted16 output is built for V (no transform)");
   constexpr bool kKeep = kKeepTransformed<kSlots, kHadamard>;
   const cpu::Fp8QuantizeParams& p = a.p;
-  __shared__ float warp_amax[kRegThreads / 32];
+  __shared__ float warp_amax[kThreads / 32];
   const int cpr = int(p.headdim / 8);            // chunks per row, <= 32
-  const int rows_per_pass = kRegThreads / cpr;   // rows the CTA holds per register slot
+  const int rows_per_pass = kThreads / cpr;      // rows the CTA holds per register slot
   const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
   const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
   // The transform's signs of this chunk's 8 columns, as the sign bits of the raw 16-bit values they flip (an exact
@@ -418,8 +421,8 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
   // into shared memory (cp.async) while this one is computed, so a CTA's loads, math and stores
   // overlap instead of each item paying a DRAM round trip with the SM's other work in the same
   // phase. Each thread copies only the 16-byte chunks it reads itself: [slot][thread], no barrier.
-  extern __shared__ uint4 prefetched[];  // [kSlots][kRegThreads], then (kPermuted) the item's codes
-  uint8_t* const stage = reinterpret_cast<uint8_t*>(prefetched + kSlots * kRegThreads);
+  extern __shared__ uint4 prefetched[];  // [kSlots][kThreads], then (kPermuted) the item's codes
+  uint8_t* const stage = reinterpret_cast<uint8_t*>(prefetched + kSlots * kThreads);
   const int d = int(p.headdim);
   // The swizzle of an 8-byte piece: its index XOR the group's low bits, within a power-of-two row of pieces.
   const int swz = (cpr & (cpr - 1)) == 0 ? (cpr < 8 ? cpr - 1 : 7) : 0;
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       const bool ok = active && i < it.slots && r0 + i * rows_per_pass < it.nrows;
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&prefetched[i * kRegThreads + threadIdx.x]));
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(&prefetched[i * kThreads + threadIdx.x]));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(ok ? src + i * slot_stride : x),
                    "r"(ok ? 16 : 0)
                    : "memory");
@@ -464,7 +467,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     uint4 raw[kSlots];
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i) raw[i] = prefetched[i * kRegThreads + threadIdx.x];  // zeros where invalid
+    for (int i = 0; i < kSlots; ++i) raw[i] = prefetched[i * kThreads + threadIdx.x];  // zeros where invalid
     if (item + gridDim.x < items) prefetch(item_at(item + gridDim.x));
     // The values the host quantizes, of slot i (every lane of a warp calls it for the same i:
     // the transform's shuffles).
@@ -520,7 +523,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       }
     }
     if constexpr (!kHadamard) mbits = max(mbits & 0xffffu, mbits >> 16);
-    mbits = block_max_u32<kRegThreads / 32>(mbits, reinterpret_cast<uint32_t*>(warp_amax));
+    mbits = block_max_u32<kThreads / 32>(mbits, reinterpret_cast<uint32_t*>(warp_amax));
     constexpr uint32_t kNonFinite = kHadamard ? 0x7f800000u : kBf16 ? 0x7f80u : 0x7c00u;
     const bool all_finite = mbits < kNonFinite;
     float scale;
@@ -549,7 +552,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
           if (isfinite(m) && m > amax) amax = m;  // NaN/inf left out, as on the host
         }
       }
-      scale = block_scale<kRegThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
+      scale = block_scale<kThreads / 32>(amax, warp_amax, &p.scales[bh * a.nblocks + blk]);
     }
     const float rcp = __frcp_rn(scale);
 
@@ -593,7 +596,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       // q / groups as umulhi(q, ceil(2^32 / groups)) (one division per item, not two per q): the product's excess
       // over q / groups is below q / 2^32, far under the 1 / groups a floor could cross.
       const uint32_t inv = 0xffffffffu / uint32_t(groups) + 1u;  // ceil(2^32 / groups); 0 (unused) for 1
-      for (int q = threadIdx.x; q < d * groups; q += kRegThreads) {
+      for (int q = threadIdx.x; q < d * groups; q += kThreads) {
         const int c = groups == 1 ? q : int(__umulhi(uint32_t(q), inv)), g = q - c * groups;
         const uint8_t* col = stage + g * 16 * d + ((((c >> 3) ^ (g & swz)) << 3) | (c & 7));
         const int keys = nrows - 16 * g;  // keys of this group in the item (>= 16: all)
@@ -606,7 +609,7 @@ __global__ void __launch_bounds__(kRegThreads, kSlots <= 8 && !kKeepTransformed<
       }
       if (blk == a.nblocks - 1) {  // the groups past the last key, up to L: 0
         const int64_t first = (p.seqlen + 15) / 16 * 16, extra = (row_len - first) / 16;
-        for (int64_t q = threadIdx.x; q < d * extra; q += kRegThreads)
+        for (int64_t q = threadIdx.x; q < d * extra; q += kThreads)
           *reinterpret_cast<uint4*>(dst + (q / extra) * row_len + first + 16 * (q % extra)) = make_uint4(0, 0, 0, 0);
       }
     }
@@ -644,10 +647,11 @@ int reg_slots(const cpu::Fp8QuantizeParams& p) {
 // The register kernel's instantiation for (slots, transform, dtype), launched on a persistent grid
 // (its resident CTAs, from an occupancy query made once per device and instantiation) of at most
 // `items` CTAs, with its prefetch buffer as dynamic shared memory.
-template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false>
-cudaError_t launch_reg_kernel(int64_t items, const Fp8Args& a, cudaStream_t stream) {
-  auto kernel = fp8_quantize_reg_kernel<kSlots, kHadamard, kBf16, kPermuted>;
-  constexpr int kSmem = kSlots * kRegThreads * int(sizeof(uint4)) + (kPermuted ? kRegStageBytes<kSlots> : 0);
+template <int kSlots, bool kHadamard, bool kBf16, bool kPermuted = false, int kThreads = kRegThreads>
+cudaError_t launch_reg_kernel(int64_t items, Fp8Args a, cudaStream_t stream) {
+  auto kernel = fp8_quantize_reg_kernel<kSlots, kHadamard, kBf16, kPermuted, kThreads>;
+  constexpr int kSmem = kSlots * kThreads * int(sizeof(uint4)) + (kPermuted ? kRegStageBytes<kSlots, kThreads> : 0);
+  a.by_rows_per_pass = FastDiv::make(uint32_t(kThreads / (a.p.headdim / 8)));
   constexpr int kMaxDevices = 64;
   static std::atomic<int> resident[kMaxDevices];
   int dev = 0;
@@ -660,13 +664,13 @@ cudaError_t launch_reg_kernel(int64_t items, const Fp8Args& a, cudaStream_t stre
     // dynamic alone), and below that it is harmless.
     if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem)) != cudaSuccess) return e;
     if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return e;
-    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRegThreads, kSmem)) != cudaSuccess)
+    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem)) != cudaSuccess)
       return e;
     ctas = std::max(1, sms * per_sm);
     if (dev < kMaxDevices) resident[dev].store(ctas, std::memory_order_relaxed);
   }
   const unsigned grid = unsigned(std::min<int64_t>(items, ctas));
-  kernel<<<grid, kRegThreads, kSmem, stream>>>(a);
+  kernel<<<grid, kThreads, kSmem, stream>>>(a);
   return cudaGetLastError();
 }
 template <int kSlots, bool kHadamard>
@@ -685,8 +689,10 @@ cudaError_t launch_reg_kernel(int slots, bool hadamard, bool bf16, int64_t items
   }
   if (slots == 8)
     return hadamard ? launch_reg_kernel<8, true>(bf16, items, a, stream) : launch_reg_kernel<8, false>(bf16, items, a, stream);
-  return hadamard ? launch_reg_kernel<kRegMaxRows, true>(bf16, items, a, stream)
-                  : launch_reg_kernel<kRegMaxRows, false>(bf16, items, a, stream);
+  if (hadamard)  // 8 rows a thread at 512 threads (reg_slots: 16 at 256)
+    return bf16 ? launch_reg_kernel<8, true, true, false, 2 * kRegThreads>(items, a, stream)
+                : launch_reg_kernel<8, true, false, false, 2 * kRegThreads>(items, a, stream);
+  return launch_reg_kernel<kRegMaxRows, false>(bf16, items, a, stream);
 }
 
 // Whether fp8_quantize_vec_kernel can take p: no transform, 16-bit input, contiguous 16-byte
@@ -790,7 +796,6 @@ flashattn_status fp8_quantize(const cpu::Fp8QuantizeParams& p, void* stream) {
   if (slots != 0) {
     a.by_blocks = FastDiv::make(uint32_t(a.nblocks));
     a.by_heads = FastDiv::make(uint32_t(p.nheads));
-    a.by_rows_per_pass = FastDiv::make(uint32_t(kRegThreads / (p.headdim / 8)));
     const cudaError_t e = launch_reg_kernel(slots, p.hadamard != 0, p.dtype == FLASHATTN_DTYPE_BF16, items, a,
                                             static_cast<cudaStream_t>(stream));
     if (e != cudaSuccess)
