@@ -309,6 +309,30 @@ TEST(GpuFp8Quantize, KeysPermuted16MatchesHost) {
   EXPECT_LT(double(tot_had.off_by_one), 1e-3 * double(tot_had.elems));
 }
 
+// The transform's blocks that need more than 8 rows a thread at 256 threads (headdim 256 with 128-row blocks, 128 with
+// 256-row ones: the 512-thread kernel, 8 rows a thread), ragged last blocks and whole-sequence blocks, beside
+// MatchesHost's grid (which reaches that kernel only at headdim 256 with one block per sequence).
+TEST(GpuFp8Quantize, WideTransformBlocksMatchHost) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const uint64_t seed0 = fresh_seed();
+  Totals tot;
+  int n = 0;
+  struct Case {
+    int64_t s, d;
+    int block;
+  };
+  for (const Case c : {Case{300, 256, 128}, Case{799, 256, 96}, Case{113, 256, 128}, Case{300, 128, 256},
+                       Case{799, 128, 200}, Case{250, 128, 250}})
+    for (flashattn_dtype dtype : {FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP16}) {
+      run_case(dtype, c.s, c.d, c.block, true, seed0 + uint64_t(n++), &tot, true);
+      if (HasFatalFailure()) return;
+    }
+  RecordProperty("hadamard_off_by_one", std::to_string(tot.off_by_one) + " / " + std::to_string(tot.elems));
+  EXPECT_LT(double(tot.off_by_one), 1e-3 * double(tot.elems))
+      << tot.off_by_one << " of " << tot.elems << " codes differ by one step with the transform";
+}
+
 TEST(GpuFp8Quantize, RefusalsOnDevice) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
