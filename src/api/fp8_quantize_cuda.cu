@@ -504,6 +504,15 @@ __global__ void __launch_bounds__(kThreads, kThreads > kRegThreads ? 1 : kSlots 
     // exact path (the amax of the finite values below, and codes with per-value checks); the others skip every
     // per-value finiteness test.
     float kept[kKeep ? kSlots : 1][8];
+    // Slot i's values after the amax pass: kept from it, or recomputed.
+    auto slot_values = [&](int i, float (&v)[8]) {
+      if constexpr (kKeep) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
+      } else {
+        values(i, v);
+      }
+    };
     uint32_t mbits = 0;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
@@ -540,12 +549,7 @@ __global__ void __launch_bounds__(kThreads, kThreads > kRegThreads ? 1 : kSlots 
       for (int i = 0; i < kSlots; ++i) {
         if (i >= slots) break;
         float v[8];
-        if constexpr (kKeep) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
-        } else {
-          values(i, v);
-        }
+        slot_values(i, v);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const float m = fabsf(v[e]);
@@ -566,12 +570,7 @@ __global__ void __launch_bounds__(kThreads, kThreads > kRegThreads ? 1 : kSlots 
       for (int i = 0; i < kSlots; ++i) {
         if (i >= slots) break;
         float v[8];
-        if constexpr (kKeep) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = kept[i][e];
-        } else {
-          values(i, v);
-        }
+        slot_values(i, v);
         if (valid(i)) {
           const uint2 codes = decltype(finite)::value ? e4m3_codes8_finite(v, scale, rcp)
                                                       : e4m3_codes8(v, scale, -scale, rcp);
