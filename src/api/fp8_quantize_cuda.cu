@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, kThreads > kRegThreads ? 1 : kSlots 
   const int cpr = int(p.headdim / 8);            // chunks per row, <= 32
   const int rows_per_pass = kThreads / cpr;      // rows the CTA holds per register slot
   const int chunk = threadIdx.x % cpr, r0 = threadIdx.x / cpr;
-  const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < 256 (cpr 5, 12, ...)
+  const bool active = r0 < rows_per_pass;        // cpr * rows_per_pass may be < kThreads (cpr 5, 12, ...)
   // The transform's signs of this chunk's 8 columns, as the sign bits of the raw 16-bit values they flip (an exact
   // negation, one XOR per two values).
   uint4 negate = make_uint4(0, 0, 0, 0);
