@@ -7,19 +7,15 @@ time alone.
 
     python bench/fp8_onecall.py
 """
-import os, sys, torch, statistics
+import os, sys, torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from flashattn.fp8 import flash_attn_fp8_func, keys_permuted16, quantize
 from flashattn import flash_attn_func
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from call_timing import synced_ms  # noqa: E402
 
-def t(fn, iters=30):
-    for _ in range(5): fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+def t(fn):
+    return synced_ms(fn, iters=30)
 
 print("hdim seqlen | fp8_func auto / s35 auto / rows ms | quant q (hadamard) / v us | keys_permuted16 us | kernel VT / rows ms (TFLOP/s) | bf16 ms (TFLOP/s)")
 for d in (128, 256):

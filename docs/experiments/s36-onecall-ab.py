@@ -3,35 +3,16 @@
 in rows, copied to V^T by the library in its workspace), alternated in 4 rounds, median of 40 calls a round (CUDA events
 around each call, host time in; and "burst": 40 calls back to back, no sync between), plus the V quantization alone
 in each layout. hdim 128, 16k tokens x 16 heads."""
-import os, statistics, sys
+import os, sys
 import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 from flashattn import flash_attn_func
 from flashattn.fp8 import flash_attn_fp8_func, quantize
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from call_timing import burst_ms, synced_ms  # noqa: E402
 
 
-def burst(fn, iters=40):
-    """Per call over back-to-back calls (no sync between): max(host time, GPU time) per call, steady state."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record(); torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
-
-
-def t(fn, iters=40):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+burst, t = burst_ms, synced_ms  # (moved to bench/call_timing.py in s37; the same code)
 
 
 print(torch.cuda.get_device_name())

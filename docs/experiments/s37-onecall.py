@@ -2,33 +2,14 @@
 """s37 call 7: flash_attn_fp8_func end to end, this session's state against s36's (run once per state, alternated by
 s37-call7.sh): median of 40 synced calls (CUDA events around each call, host time in) and "burst" (40 calls back to
 back). 16k tokens, hidden 2048 (hdim 128: 16 heads; 256: 8)."""
-import os, statistics, sys
+import os, sys
 import torch
 from flashattn.fp8 import flash_attn_fp8_func
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from call_timing import burst_ms, synced_ms  # noqa: E402
 
 
-def burst(fn, iters=40):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record(); torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
-
-
-def synced(fn, iters=40):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
+burst, synced = burst_ms, synced_ms  # (bench/call_timing.py)
 
 tag = sys.argv[1]
 for d, s, causal in ((128, 1024, False), (128, 4096, False), (128, 4096, True), (128, 16384, False), (256, 4096, False)):
