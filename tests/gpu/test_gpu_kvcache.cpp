@@ -416,9 +416,13 @@ TEST(GpuCombine, MatchesHostCombine) {
   if (HasFatalFailure()) return;
   check_combine_matches_host(9, 1, 3, 2, 64);    // CTA per row from 9 splits (float4)
   if (HasFatalFailure()) return;
+  check_combine_matches_host(16, 1, 2, 3, 128);  // CTA per row, block reductions: its most splits at d <= 128
+  if (HasFatalFailure()) return;
+  check_combine_matches_host(17, 1, 2, 3, 128);  // CTA per row with an LSE reduction per warp: its fewest splits
+  if (HasFatalFailure()) return;
   check_combine_matches_host(29, 1, 1, 32, 128);  // a batch-1 decode step's split-KV (29 splits, 32 GQA rows)
   if (HasFatalFailure()) return;
-  check_combine_matches_host(32, 2, 2, 3, 100);   // float4, 2 split groups over 25 column vectors
+  check_combine_matches_host(32, 2, 2, 3, 100);   // the per-warp LSE kernel's most splits; lanes past d idle
   if (HasFatalFailure()) return;
   check_combine_matches_host(8, 1, 3, 2, 42);    // CTA per row from 8 splits (scalar: d % 4 != 0)
   if (HasFatalFailure()) return;
