@@ -15,25 +15,7 @@ for r in 1 2 3 4; do
   done
   echo "round $r t=$(( $(date +%s) - t0 ))"
 done
-python3 - $L <<'PY' | tee $L/ab.txt
-import json, sys, glob, statistics
-L = sys.argv[1]
-def load(v):
-    rows = {}
-    for f in sorted(glob.glob(f"{L}/decode-{v}-r*.json")):
-        for r in json.load(open(f))["rows"]:
-            k = (r["seqlen_q"], r["cache"], r["nheads_q"], r["nheads_kv"])
-            rows.setdefault(k, []).append(r["ms"] * 1000)
-    return rows
-a, b = load("a"), load("n")
-copy = json.load(open(sorted(glob.glob(f"{L}/decode-n-r*.json"))[0]))["copy_gbps"]
-print("row | HEAD us: min / median (% of copy at min) | change | diff of min, of median")
-for k in sorted(a):
-    by = 2 * (k[1] + 1) * k[3] * 128 * 2
-    print(f"sq{k[0]} b1 {k[1]:>6} h{k[2]}/{k[3]} | {min(a[k]):6.2f} / {statistics.median(a[k]):6.2f} ({100 * by / min(a[k]) / 1e3 / copy:5.1f}) | "
-          f"{min(b[k]):6.2f} / {statistics.median(b[k]):6.2f} ({100 * by / min(b[k]) / 1e3 / copy:5.1f}) | "
-          f"{min(b[k]) - min(a[k]):+5.2f}, {statistics.median(b[k]) - statistics.median(a[k]):+5.2f}")
-PY
+python3 docs/experiments/s38_decode_ab.py $L a n | tee $L/ab.txt
 LD_LIBRARY_PATH=/tmp/n FLASHATTN_LIBRARY=/tmp/n/libflashattn.so timeout 100 ncu --cache-control none --clock-control none \
   --section SpeedOfLight -k regex:combine --launch-skip 4 --launch-count 1 -o $L/comb-n -f \
   python3 docs/experiments/s38_decode_once.py > $L/ncu.log 2>&1

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# s38 call 3: the decode timeline with the first K/V block issued before Q and the fused append after the
-# prologue (traced pack build-dev/s38tc), then bench_decode A/B: HEAD's library (s37g pack) against the
-# same change untraced (s38b pack), two alternated rounds.
+# s38 calls 3-4: the decode timeline of a change (traced pack TRACED), then bench_decode A/B: HEAD's library
+# (s37g pack) against the same change untraced (pack CHANGE), two alternated rounds. Call 3: the first K/V block
+# issued before Q and the fused append after the prologue (defaults); call 4: TRACED=s38t2 CHANGE=s38b2 TAG=s38c4
+# (Q requested before the cache length is known, the append after the prologue).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-L=$OUT/s38c3; mkdir -p $L /tmp/tc /tmp/a /tmp/b
-cat build-dev/s38tc/pack.part.* | tar xzf - -C /tmp/tc || exit 1
+TRACED=${TRACED:-s38tc}; CHANGE=${CHANGE:-s38b}; TAG=${TAG:-s38c3}
+L=$OUT/$TAG; mkdir -p $L /tmp/tc /tmp/a /tmp/b
+cat build-dev/$TRACED/pack.part.* | tar xzf - -C /tmp/tc || exit 1
 cat build-dev/s37g/pack.part.* | tar xzf - -C /tmp/a || exit 1
-cat build-dev/s38b/pack.part.* | tar xzf - -C /tmp/b || exit 1
+cat build-dev/$CHANGE/pack.part.* | tar xzf - -C /tmp/b || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $L/gpu.txt
 for row in "1 1 16384 32/8" "1 8 4096 32/8" "4 1 16384 64/8"; do
   set -- $row
@@ -25,21 +27,5 @@ for r in 1 2; do
     echo "$v r$r rc=$?"
   done
 done
-python3 - $L <<'PY'
-import json, sys, glob
-L = sys.argv[1]
-def load(v):
-    rows = {}
-    for f in sorted(glob.glob(f"{L}/decode-{v}-r*.json")):
-        for r in json.load(open(f))["rows"]:
-            k = (r["impl"], r["seqlen_q"], r["batch"], r["cache"], r["nheads_q"], r["nheads_kv"])
-            rows.setdefault(k, []).append(r["pct_of_copy"])
-    return rows
-a, b = load("a"), load("b")
-print("impl sq b cache hq/hk kvMB | HEAD % (best) | change % (best) | diff")
-for k in sorted(a):
-    if k not in b: continue
-    mb = 2 * k[2] * (k[3] + 1) * k[5] * 128 * 2 / 1e6
-    print(f"{k[0]:16s} sq{k[1]} b{k[2]} {k[3]:>6} h{k[4]}/{k[5]} {mb:6.0f} | {max(a[k]):5.1f} | {max(b[k]):5.1f} | {max(b[k]) - max(a[k]):+5.1f}")
-PY
-cd $OUT && tar czf s38c3.tgz s38c3 && rm -rf s38c3/*.bin
+python3 docs/experiments/s38_decode_ab.py $L a b
+cd $OUT && tar czf $TAG.tgz $TAG && rm -rf $TAG/*.bin

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# s38 call 7: the split-KV combine's warp-per-row vector kernel up to 32 splits at hdim <= 128 (pack s38c, the
-# change + its GPU tests) against HEAD's library (s37g): combine and KV-cache GPU tests, memcheck/racecheck on the
-# combine tests, then bench_decode on the batch-1 rows (29 splits) in two alternated rounds.
+# s38 calls 7 and 11: a combine change (pack PACK: the library + its GPU tests) against HEAD's library (s37g):
+# combine and KV-cache GPU tests, memcheck/racecheck on the combine tests, then bench_decode on the batch-1 rows
+# (29 splits) in two alternated rounds. Call 7: the warp-per-row vector kernel up to 32 splits (defaults); call 11:
+# PACK=s38r TAG=s38c11 (an LSE reduction per warp, one barrier).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-t0=$(date +%s); L=$OUT/s38c7; mkdir -p $L /tmp/n /tmp/a
-cat build-dev/s38c/pack.part.* | tar xzf - -C /tmp/n || exit 1
+PACK=${PACK:-s38c}; TAG=${TAG:-s38c7}
+t0=$(date +%s); L=$OUT/$TAG; mkdir -p $L /tmp/n /tmp/a
+cat build-dev/$PACK/pack.part.* | tar xzf - -C /tmp/n || exit 1
 cat build-dev/s37g/pack.part.* | tar xzf - -C /tmp/a || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $L/gpu.txt
 LD_LIBRARY_PATH=/tmp/n timeout 240 /tmp/n/tests/gpu/flashattn_gpu_tests --gtest_filter='*GpuCombine*:*GpuKvCache*' > $L/gtest.log 2>&1
@@ -24,24 +26,5 @@ for r in 1 2; do
     echo "bench $v r$r rc=$? t=$(( $(date +%s) - t0 ))"
   done
 done
-python3 - $L <<'PY' | tee $L/ab.txt
-import json, sys, glob
-L = sys.argv[1]
-def load(v):
-    rows = {}
-    for f in sorted(glob.glob(f"{L}/decode-{v}-r*.json")):
-        for r in json.load(open(f))["rows"]:
-            k = (r["impl"], r["seqlen_q"], r["batch"], r["cache"], r["nheads_q"], r["nheads_kv"])
-            rows.setdefault(k, []).append(r["ms"] * 1000)
-    return rows
-a, b = load("a"), load("n")
-print("impl sq b cache hq/hk kvMB | HEAD us (% of copy) | change us | diff us   (best of 2, per layer)")
-copy = json.load(open(sorted(glob.glob(f"{L}/decode-n-r*.json"))[0]))["copy_gbps"]
-for k in sorted(a):
-    if k not in b: continue
-    by = 2 * k[2] * (k[3] + 1) * k[5] * 128 * 2
-    ta, tb = min(a[k]), min(b[k])
-    print(f"{k[0]:16s} sq{k[1]} b{k[2]} {k[3]:>6} h{k[4]}/{k[5]} {by / 1e6:5.0f} | {ta:6.2f} ({100 * by / ta / 1e3 / copy:5.1f}) | "
-          f"{tb:6.2f} ({100 * by / tb / 1e3 / copy:5.1f}) | {tb - ta:+5.2f}")
-PY
-cd $OUT && tar czf s38c7.tgz s38c7
+python3 docs/experiments/s38_decode_ab.py $L a n | tee $L/ab.txt
+cd $OUT && tar czf $TAG.tgz $TAG

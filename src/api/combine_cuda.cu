@@ -36,6 +36,21 @@ __device__ __forceinline__ void wait_for_primary() {
 #endif
 }
 
+// Max and sum over a warp's lanes (every lane gets the result).
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// acc += w * v, per component.
+__device__ __forceinline__ void add_scaled(float4& acc, float w, const float4& v) {
+  acc.x += w * v.x, acc.y += w * v.y;
+  acc.z += w * v.z, acc.w += w * v.w;
+}
+
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const CombineParams p) {
   wait_for_primary();
   const int64_t rows = p.batch * p.seqlen_q * p.nheads;
@@ -55,7 +70,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
       else m = fmaxf(m, l);
     }
     nan = __any_sync(0xffffffffu, nan);
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     float lse_out;
     const int64_t obase = b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
     if (nan || m == INFINITY) {
@@ -67,7 +82,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_kernel(const Comb
     } else {
       float sum = 0.f;
       for (int s = lane; s < p.num_splits; s += 32) sum += expf(lse_of(s) - m);
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      sum = warp_sum(sum);
       lse_out = m + logf(sum);  // sum >= 1: the max's own term is 1
       const float inv = 1.f / sum;
       for (int64_t c = lane; c < p.headdim; c += 32) {
@@ -117,8 +132,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_warp_vec4_kernel(
                                                       h * p.lse_partial_stride[2] + i * p.lse_partial_stride[3]]
                                       : -INFINITY;
     const bool nan = __any_sync(0xffffffffu, l != l);
-    float m = l;
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float m = warp_max(l);
     const int64_t obase = b * p.out_stride[0] + i * p.out_stride[1] + h * p.out_stride[2];
     float lse_out;
     if (nan || m == INFINITY) {
@@ -129,8 +143,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_warp_vec4_kernel(
       for (int c = lane; c < d; c += 32) store_float(p.out, p.dtype, obase + c, 0.f);
     } else {
       const float w = lane < num_splits ? expf(l - m) : 0.f;
-      float sum = w;
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float sum = warp_sum(w);
       lse_out = m + logf(sum);  // sum >= 1: the max's own term is 1
       const float inv = 1.f / sum;
 #pragma unroll
@@ -140,10 +153,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) combine_warp_vec4_kernel(
 #pragma unroll
         for (int s = 0; s < kVecMaxSplits; ++s) {
           const float ws = __shfl_sync(0xffffffffu, w, s) * inv;
-          if (s < num_splits && ws != 0.f) {
-            acc.x += ws * v[pass][s].x, acc.y += ws * v[pass][s].y;
-            acc.z += ws * v[pass][s].z, acc.w += ws * v[pass][s].w;
-          }
+          if (s < num_splits && ws != 0.f) add_scaled(acc, ws, v[pass][s]);
         }
         if (c < d) {
           store_float(p.out, p.dtype, obase + c, acc.x);
@@ -324,25 +334,20 @@ __global__ void __launch_bounds__(32 * kRowWarps) combine_row_warps_kernel(const
                                                       h * p.lse_partial_stride[2] + i * p.lse_partial_stride[3]]
                                       : -INFINITY;
     const bool nan = __any_sync(0xffffffffu, l != l);
-    float m = l;
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float m = warp_max(l);
     const bool finite = !nan && m != INFINITY && m != -INFINITY;  // the same in every warp
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     float lse_out = nan || m == INFINITY ? NAN : -INFINITY;  // -inf: no split saw a key for this row
     if (finite) {
       const float w = lane < num_splits ? expf(l - m) : 0.f;
-      float sum = w;
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float sum = warp_sum(w);
       lse_out = m + logf(sum);  // sum >= 1: the max's own term is 1
       const float inv = 1.f / sum;
 #pragma unroll
       for (int k = 0; k < kPerWarp; ++k) {
         const int s = warp + k * kRowWarps;
         const float ws = __shfl_sync(0xffffffffu, w, s) * inv;
-        if (s < num_splits && ws != 0.f) {
-          acc.x += ws * v[k].x, acc.y += ws * v[k].y;
-          acc.z += ws * v[k].z, acc.w += ws * v[k].w;
-        }
+        if (s < num_splits && ws != 0.f) add_scaled(acc, ws, v[k]);
       }
     }
     column_sums[warp][lane] = acc;
