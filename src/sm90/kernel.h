@@ -7,7 +7,8 @@
 //                 and a TMA store).
 //                 With intra-warpgroup overlap a tile is head, body, tail (mainloop.h).
 // Sched (mainloop.h Schedule) fixes pingpong and intra-warpgroup overlap at compile time: the
-// production kernel has both; only the ablation builds instantiate the others.
+// production kernels have both but two FP8 ones without pingpong (launch.h SchedFp8); only the
+// ablation builds instantiate the others.
 // This file only composes and coordinates. Each stage owns its shared memory, its parameters
 // and the host function that builds them (to_params):
 //   mainloop  (producer.h + mainloop.h): Q, K, V buffers, their pipelines, the Q/K/V TMA loads

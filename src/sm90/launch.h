@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common/error.h"
 #include "common/params.h"
@@ -66,6 +67,22 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
   return launch_fwd_with<Traits<kHeadDim, Element>, Sched>(f, stream, opt);
 }
 
+// The FP8 kernels' schedule. Without pingpong turns (SchedulePingpongOff) where that measured faster
+// (perf-notes s39, H200, one binary, alternated rows): the wide per-head kernel (+1-2% at 2k-8k keys,
+// -0.4% at 16k: a warpgroup in its tile boundary no longer holds the other at its next turn) and the
+// hdim-128 kernel that transposes V's rows (+9% at 4k: its transposing warps pace the loads, and the
+// turns kept both consumers waiting on the slower); with turns elsewhere (the 128-key V^T kernel lost
+// 7% without them, the scale-block one was even, hdim 64/256 not measured).
+template <int kHeadDim, class Tr>
+using SchedFp8 = std::conditional_t<(Tr::kBlockN != TileConfigFp8<kHeadDim>::kBlockN &&
+                                     Tr::kWideScales == Fp8WideScales::kPerHead) ||
+                                        (Tr::kTransposeV && kHeadDim == 128),
+                                    SchedulePingpongOff, Schedule<>>;
+template <int kHeadDim, class Tr>
+flashattn_status launch_fwd_fp8_with(const FwdParams& f, cudaStream_t stream, const LaunchOptions& opt) {
+  return launch_fwd_with<Tr, SchedFp8<kHeadDim, Tr>>(f, stream, opt);
+}
+
 // FP8 (E4M3) inputs, O in ElementOut (bf16 or fp16): 128-key blocks, or the wide unmasked block
 // (tile_shapes.h TileConfigFp8);
 // V's rows transposed in the kernel, or V^T given (fp8_v_layout keys_permuted16).
@@ -81,16 +98,15 @@ flashattn_status launch_fwd_fp8(const FwdParams& f, cudaStream_t stream, const L
     if (f.fp8.v_keys_permuted16 && !masked_problem(f) && f.mask.softcap == 0.f && !f.alibi.enabled() &&
         f.shape.seqlen_k >= kWideFp8BlockMinSeqlenK) {
       if (f.fp8.k_blocks == 1)
-        return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>,
-                               Schedule<>>(f, stream, opt);
-      return launch_fwd_with<Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT,
-                                    Fp8WideScales::kPer64Keys>,
-                             Schedule<>>(f, stream, opt);
+        return launch_fwd_fp8_with<kHeadDim, Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT>>(
+            f, stream, opt);
+      return launch_fwd_fp8_with<kHeadDim, Traits<kHeadDim, E, Cfg::kBlockNUnmasked, ElementOut, VSource::kKeysPermutedT,
+                                                  Fp8WideScales::kPer64Keys>>(f, stream, opt);
     }
   }
   if (f.fp8.v_keys_permuted16)
-    return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut, VSource::kKeysPermutedT>, Schedule<>>(f, stream, opt);
-  return launch_fwd_with<Traits<kHeadDim, E, kBlockN, ElementOut>, Schedule<>>(f, stream, opt);
+    return launch_fwd_fp8_with<kHeadDim, Traits<kHeadDim, E, kBlockN, ElementOut, VSource::kKeysPermutedT>>(f, stream, opt);
+  return launch_fwd_fp8_with<kHeadDim, Traits<kHeadDim, E, kBlockN, ElementOut>>(f, stream, opt);
 }
 
 }  // namespace flashattn::sm90

@@ -45,8 +45,9 @@ __device__ __forceinline__ void apply_mask(TensorS& s, const TensorC& c, const M
 }
 
 // The consumers' schedule (FA3 paper, section 3.1 and 3.2): kPingpong = inter-warpgroup
-// pingpong, kOverlap = intra-warpgroup overlap of softmax and GEMMs. The production kernel has
-// both (the defaults); the ablation kernels, with one or both off, are compiled only with
+// pingpong, kOverlap = intra-warpgroup overlap of softmax and GEMMs. The production kernels have
+// both (the defaults), except two FP8 kernels that measured faster without turns (launch.h
+// SchedFp8); the ablation kernels, with one or both off, are compiled only with
 // -DFLASHATTN_SM90_ABLATION=ON (flashattn_sm90_set_ablation, flashattn-bench --ablation).
 template <bool kPingpong_ = true, bool kOverlap_ = true>
 struct Schedule {
@@ -54,7 +55,7 @@ struct Schedule {
   static constexpr bool kOverlap = kOverlap_;
 };
 
-// The ablation schedules (named, so that macros and generated files can spell them).
+// The other schedules (named, so that macros and generated files can spell them).
 using SchedulePingpongOff = Schedule<false, true>;
 using ScheduleOverlapOff = Schedule<true, false>;
 using ScheduleBothOff = Schedule<false, false>;
