@@ -69,10 +69,10 @@ flashattn_status launch_fwd(const FwdParams& f, cudaStream_t stream, const Launc
 
 // The FP8 kernels' schedule. Without pingpong turns (SchedulePingpongOff) where that measured faster
 // (perf-notes s39, H200, one binary, alternated rows): the wide per-head kernel (+1-2% at 2k-8k keys,
-// -0.4% at 16k: a warpgroup in its tile boundary no longer holds the other at its next turn) and the
-// hdim-128 kernel that transposes V's rows (+9% at 4k: its transposing warps pace the loads, and the
-// turns kept both consumers waiting on the slower); with turns elsewhere (the 128-key V^T kernel lost
-// 7% without them, the scale-block one was even, hdim 64/256 not measured).
+// -0.4% at 16k; likely reason: a warpgroup in its tile boundary no longer holds the other at its next
+// turn) and the hdim-128 kernel that transposes V's rows (+9% at 4k non-causal; not profiled, causal
+// not measured); with turns elsewhere (the 128-key V^T kernel lost 7% without them at 4k causal, the
+// scale-block one was even; the hdim 64/256 V-rows kernels were not measured).
 template <int kHeadDim, class Tr>
 using SchedFp8 = std::conditional_t<(Tr::kBlockN != TileConfigFp8<kHeadDim>::kBlockN &&
                                      Tr::kWideScales == Fp8WideScales::kPerHead) ||
